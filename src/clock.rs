@@ -31,6 +31,13 @@ use std::time::{Duration, Instant};
 pub trait Clock: Clone + Debug + Send + Sync + 'static {
     /// Nanoseconds elapsed since this clock's origin.
     fn now_nanos(&self) -> u64;
+
+    /// How long a thread should sleep, in real time, for `clock_nanos` of this clock's time to pass.
+    /// Timers use it to wait for deadlines. The default is the identity, right for clocks that follow
+    /// real time; a clock that moves only when told to returns a short poll interval instead.
+    fn real_time_until(&self, clock_nanos: u64) -> Duration {
+        Duration::from_nanos(clock_nanos)
+    }
 }
 
 /// The default clock: `std::time::Instant`, measured from the moment the clock was created.
@@ -124,6 +131,11 @@ impl Clock for ManualClock {
     #[inline]
     fn now_nanos(&self) -> u64 {
         self.nanos.load(Ordering::Acquire)
+    }
+
+    /// Manual time can jump at any moment: re-read it every millisecond.
+    fn real_time_until(&self, clock_nanos: u64) -> Duration {
+        Duration::from_nanos(clock_nanos).min(Duration::from_millis(1))
     }
 }
 

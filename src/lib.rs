@@ -9,3 +9,11 @@ mod error;
 pub(crate) mod sync;
 
 pub use error::ConfigError;
+pub mod bucket;
+pub mod queue;
+mod admission;
+
+pub use admission::{
+    Admission, AdmissionBuilder, Admit, DEFAULT_QUEUE_CAPACITY, Limit, Permit, Priority, Rejection, RejectionCounts,
+    Request, Snapshot,
+};

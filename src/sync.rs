@@ -46,6 +46,23 @@ pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock()
 }
 
+/// Tries to lock a mutex without blocking, the same way under loom and `std`.
+#[cfg(loom)]
+pub(crate) fn try_lock<T>(mutex: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
+    match mutex.try_lock() {
+        Ok(guard) => Some(guard),
+        Err(loom::sync::TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
+        Err(loom::sync::TryLockError::WouldBlock) => None,
+    }
+}
+
+/// Tries to lock a mutex without blocking, the same way under loom and `std`.
+#[cfg(not(loom))]
+#[inline]
+pub(crate) fn try_lock<T>(mutex: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
+    mutex.try_lock()
+}
+
 /// `std::cell::UnsafeCell` with loom's closure-based access API, so that code written once runs under both.
 #[cfg(not(loom))]
 #[derive(Debug, Default)]

@@ -1,0 +1,297 @@
+//! Waiting for admission: the [`Admit`] future and the blocking variant, on any runtime.
+//!
+//! A request that cannot be admitted at once takes a place in its priority class's bounded queue as a
+//! [`Waiter`]. Released capacity is handed to waiters by the dispatcher in `core`, which reserves the
+//! capacity *for* the head waiter, flips it to `GRANTED` and wakes exactly that one task or thread (O(1)
+//! wake-ups per grant: no thundering herd). The waiter then only has to pick its permit up.
+
+use super::permit::{Owner, Permit};
+use super::waiter::{CANCELLED, CLOSED, GRANTED, Notify, TIMED_OUT, WAITING, Waiter};
+use super::{Rejection, Request};
+use crate::sync::Arc;
+use futures::task::AtomicWaker;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+/// What a request that is about to wait has already been given: its KV units, the tokens charged to the
+/// token rate (one request was charged to the request rate too), and its deadline.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Ticket {
+    pub(crate) kv: u64,
+    pub(crate) tokens_charged: u64,
+    /// Clock reading at which the wait ends (`u64::MAX`: never).
+    pub(crate) deadline: u64,
+    /// Clock reading when the ticket was issued.
+    pub(crate) now: u64,
+}
+
+enum State {
+    /// Not polled yet.
+    Start,
+    /// Queued; the ticket's rate charges are held until the wait ends.
+    Waiting { waiter: Arc<Waiter>, ticket: Ticket },
+    /// Resolved; nothing held.
+    Done,
+}
+
+/// Future returned by [`Admission::admit`](crate::Admission::admit); resolves to a [`Permit`] or a
+/// [`Rejection`].
+///
+/// It is `Send + 'static` (it owns a handle to the admission and a copy of the request), so it can be
+/// spawned, and it needs no particular runtime: it is woken through the standard `Waker`, and deadlines
+/// are enforced by a small timer thread of the admission's own.
+///
+/// # Cancel safety
+///
+/// Dropping an `Admit` at any point loses nothing and takes nothing:
+/// - before its first poll: nothing was taken;
+/// - while queued: its place is given up at once (the waiting count drops, the next waiter moves up),
+///   and its rate-limit charges are refunded;
+/// - after capacity was granted to it but before it was polled again: the granted slot and KV
+///   reservation are released and handed to the next waiter, and the rate charges are refunded.
+///
+/// A cancelled waiter's entry stays in the queue's ring (not counted against `queue_capacity`) until it
+/// reaches the head, where the dispatcher discards it; the ring has room for as many such entries as
+/// the queue holds live waiters.
+///
+/// # Examples
+///
+/// ```
+/// use kvgate::{Admission, Request, Rejection};
+/// use futures::FutureExt;
+///
+/// let admission = Admission::builder().max_in_flight(1).queue_capacity(8).build().unwrap();
+/// let held = admission.try_admit(&Request::new(1, 1)).unwrap();
+/// let mut waiting = admission.admit(&Request::new(1, 1));
+/// assert!((&mut waiting).now_or_never().is_none()); // queued
+/// assert_eq!(admission.snapshot().queued, 1);
+/// drop(waiting);                                     // client went away
+/// assert_eq!(admission.snapshot().queued, 0);
+/// drop(held);
+/// assert_eq!(admission.snapshot().in_flight, 0);
+/// ```
+#[must_use = "futures do nothing unless polled"]
+pub struct Admit {
+    owner: Arc<dyn Owner>,
+    request: Request,
+    state: State,
+}
+
+impl Admit {
+    pub(crate) fn new(owner: Arc<dyn Owner>, request: Request) -> Self {
+        Self { owner, request, state: State::Start }
+    }
+
+    /// The request this future admits.
+    pub fn request(&self) -> &Request {
+        &self.request
+    }
+
+    /// Whether the request is queued (polled at least once and not yet resolved).
+    pub fn is_queued(&self) -> bool {
+        matches!(self.state, State::Waiting { .. })
+    }
+
+    /// First poll: admit at once, or reject, or take a place in the queue.
+    fn start(&mut self, cx: &mut Context<'_>) -> Poll<Result<Permit, Rejection>> {
+        let core = self.owner.core();
+        let rejection = match self.owner.admit_now(&self.owner, &self.request) {
+            Ok(permit) => return Poll::Ready(Ok(permit)),
+            Err(rejection @ Rejection::NoCapacity { .. }) if core.queue_capacity() > 0 => rejection,
+            Err(rejection) => return self.reject(rejection),
+        };
+        let ticket = match self.owner.prepare_wait(&self.request) {
+            Ok(ticket) => ticket,
+            Err(rejection) => return self.reject(rejection),
+        };
+        if ticket.deadline <= ticket.now {
+            self.owner.refund_rates(true, ticket.tokens_charged);
+            let _ = rejection;
+            return self.reject(Rejection::TimedOut);
+        }
+        let waiter = Arc::new(Waiter::new(
+            ticket.kv,
+            self.request.priority_class().index(),
+            ticket.deadline,
+            Notify::Task(AtomicWaker::new()),
+        ));
+        waiter.register(cx.waker());
+        if !core.enqueue(&waiter) {
+            self.owner.refund_rates(true, ticket.tokens_charged);
+            let rejection = if core.is_closed() {
+                Rejection::Closed
+            } else {
+                Rejection::QueueFull { retry_after: core.capacity_hint(core.queued()) }
+            };
+            return self.reject(rejection);
+        }
+        if ticket.deadline != u64::MAX {
+            core.timer().watch(&self.owner, &waiter);
+        }
+        self.state = State::Waiting { waiter, ticket };
+        Poll::Pending
+    }
+
+    fn reject(&mut self, rejection: Rejection) -> Poll<Result<Permit, Rejection>> {
+        self.state = State::Done;
+        self.owner.core().count_rejection(&rejection);
+        Poll::Ready(Err(rejection))
+    }
+}
+
+/// Resolves a waiter whose state has left `WAITING`, or `None` while it still waits (after ending it if
+/// its deadline has passed at `now`).
+fn resolve(owner: &Arc<dyn Owner>, request: &Request, waiter: &Waiter, ticket: &Ticket, now: u64) -> Option<Result<Permit, Rejection>> {
+    loop {
+        let rejection = match waiter.state() {
+            GRANTED => return Some(Ok(owner.permit_for(owner, request, ticket.kv, ticket.tokens_charged))),
+            WAITING => {
+                if now >= waiter.deadline && owner.core().abandon(waiter, TIMED_OUT) {
+                    Rejection::TimedOut
+                } else if waiter.state() == WAITING {
+                    return None;
+                } else {
+                    continue;
+                }
+            }
+            TIMED_OUT => Rejection::TimedOut,
+            CLOSED => Rejection::Closed,
+            _ => Rejection::Closed,
+        };
+        owner.refund_rates(true, ticket.tokens_charged);
+        owner.core().count_rejection(&rejection);
+        return Some(Err(rejection));
+    }
+}
+
+/// Gives back whatever a waiter holds when its owner stops waiting for it.
+fn abandon_wait(owner: &dyn Owner, waiter: &Waiter, ticket: &Ticket) {
+    let core = owner.core();
+    if !core.abandon(waiter, CANCELLED) && waiter.state() == GRANTED {
+        // Granted but never picked up: the reservation goes to the next waiter.
+        core.release(ticket.kv);
+    }
+    owner.refund_rates(true, ticket.tokens_charged);
+}
+
+impl Future for Admit {
+    type Output = Result<Permit, Rejection>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        match &this.state {
+            State::Start => this.start(cx),
+            State::Done => panic!("`Admit` polled after it completed"),
+            State::Waiting { waiter, ticket } => {
+                let now = this.owner.now_nanos();
+                if let Some(result) = resolve(&this.owner, &this.request, waiter, ticket, now) {
+                    this.state = State::Done;
+                    return Poll::Ready(result);
+                }
+                waiter.register(cx.waker());
+                // A grant between the check and the registration must not be missed.
+                if waiter.state() != WAITING {
+                    if let Some(result) = resolve(&this.owner, &this.request, waiter, ticket, now) {
+                        this.state = State::Done;
+                        return Poll::Ready(result);
+                    }
+                }
+                Poll::Pending
+            }
+        }
+    }
+}
+
+impl Drop for Admit {
+    fn drop(&mut self) {
+        if let State::Waiting { waiter, ticket } = &self.state {
+            abandon_wait(&*self.owner, waiter, ticket);
+        }
+    }
+}
+
+impl fmt::Debug for Admit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.state {
+            State::Start => "start",
+            State::Waiting { .. } => "waiting",
+            State::Done => "done",
+        };
+        f.debug_struct("Admit").field("request", &self.request).field("state", &state).finish()
+    }
+}
+
+/// Blocking admission for thread-per-request servers (see `Admission::admit_blocking`).
+#[cfg(not(loom))]
+pub(crate) fn admit_blocking(
+    owner: Arc<dyn Owner>,
+    request: Request,
+    timeout: Option<std::time::Duration>,
+) -> Result<Permit, Rejection> {
+    let core = owner.core();
+    let fail = |rejection: Rejection| {
+        core.count_rejection(&rejection);
+        Err(rejection)
+    };
+    match owner.admit_now(&owner, &request) {
+        Ok(permit) => return Ok(permit),
+        Err(Rejection::NoCapacity { .. }) if core.queue_capacity() > 0 => {}
+        Err(rejection) => return fail(rejection),
+    }
+    let mut ticket = match owner.prepare_wait(&request) {
+        Ok(ticket) => ticket,
+        Err(rejection) => return fail(rejection),
+    };
+    if let Some(timeout) = timeout {
+        let limit = ticket.now.saturating_add(crate::clock::duration_to_nanos(timeout));
+        ticket.deadline = ticket.deadline.min(limit);
+    }
+    if ticket.deadline <= ticket.now {
+        owner.refund_rates(true, ticket.tokens_charged);
+        return fail(Rejection::TimedOut);
+    }
+    let waiter = Arc::new(Waiter::new(
+        ticket.kv,
+        request.priority_class().index(),
+        ticket.deadline,
+        Notify::Thread(std::thread::current()),
+    ));
+    if !core.enqueue(&waiter) {
+        owner.refund_rates(true, ticket.tokens_charged);
+        let rejection = if core.is_closed() {
+            Rejection::Closed
+        } else {
+            Rejection::QueueFull { retry_after: core.capacity_hint(core.queued()) }
+        };
+        return fail(rejection);
+    }
+    // Give the waiter back if this thread unwinds while parked (a panicking waker, say).
+    struct Guard<'a> {
+        owner: &'a dyn Owner,
+        waiter: &'a Waiter,
+        ticket: &'a Ticket,
+        armed: bool,
+    }
+    impl Drop for Guard<'_> {
+        fn drop(&mut self) {
+            if self.armed {
+                abandon_wait(self.owner, self.waiter, self.ticket);
+            }
+        }
+    }
+    let mut guard = Guard { owner: &*owner, waiter: &waiter, ticket: &ticket, armed: true };
+    loop {
+        let now = owner.now_nanos();
+        if let Some(result) = resolve(&owner, &request, &waiter, &ticket, now) {
+            guard.armed = false;
+            return result;
+        }
+        if waiter.deadline == u64::MAX {
+            std::thread::park();
+        } else {
+            std::thread::park_timeout(owner.real_time_until(waiter.deadline));
+        }
+    }
+}

@@ -1,0 +1,190 @@
+//! Configuring an [`Admission`]: every limit optional, every mistake reported by `build()`.
+
+use super::core::{Core, MAX_QUEUE_CAPACITY};
+use super::{Admission, KvCost, Shared};
+use crate::bucket::TokenBucket;
+use crate::clock::{Clock, MonotonicClock};
+use crate::error::ConfigError;
+use crate::sync::Arc;
+use std::time::Duration;
+
+/// Default waiting-room size per priority class.
+pub const DEFAULT_QUEUE_CAPACITY: usize = 1024;
+
+/// Builds an [`Admission`]. Every limit is optional; an unset limit does not limit.
+///
+/// # Examples
+///
+/// ```
+/// use kvgate::Admission;
+/// use std::time::Duration;
+///
+/// let admission = Admission::builder()
+///     .max_in_flight(64)                 // concurrent sequences the engine batches well
+///     .kv_capacity_tokens(400_000)       // KV-cache budget in tokens
+///     .request_rate(50.0, 100)           // 50 requests/s, bursts of 100
+///     .token_rate(20_000.0, 200_000)     // 20k LLM tokens/s
+///     .queue_capacity(1000)              // waiting room per priority class
+///     .max_queue_wait(Duration::from_secs(30))
+///     .build()?;
+/// # Ok::<(), kvgate::ConfigError>(())
+/// ```
+#[derive(Debug, Clone)]
+#[must_use = "a builder does nothing until build() is called"]
+pub struct AdmissionBuilder<C: Clock = MonotonicClock> {
+    max_in_flight: Option<usize>,
+    queue_capacity: usize,
+    kv_capacity: Option<u64>,
+    kv_cost: KvCost,
+    request_rate: Option<(f64, u32)>,
+    token_rate: Option<(f64, u64)>,
+    max_queue_wait: Option<Duration>,
+    clock: C,
+}
+
+impl Default for AdmissionBuilder<MonotonicClock> {
+    fn default() -> Self {
+        Self {
+            max_in_flight: None,
+            queue_capacity: DEFAULT_QUEUE_CAPACITY,
+            kv_capacity: None,
+            kv_cost: KvCost::Tokens,
+            request_rate: None,
+            token_rate: None,
+            max_queue_wait: None,
+            clock: MonotonicClock::new(),
+        }
+    }
+}
+
+impl<C: Clock> AdmissionBuilder<C> {
+    /// Maximum concurrent sequences (permits alive at once). Must be at least 1.
+    pub fn max_in_flight(mut self, max_in_flight: usize) -> Self {
+        self.max_in_flight = Some(max_in_flight);
+        self
+    }
+
+    /// Waiting room per priority class for [`Admission::admit`] and [`Admission::admit_blocking`]:
+    /// at most this many requests of one class wait at once; one more is rejected at once with
+    /// [`Rejection::QueueFull`](crate::Rejection::QueueFull). `0` means never wait. Default
+    /// [`DEFAULT_QUEUE_CAPACITY`]. At most 2^20.
+    pub fn queue_capacity(mut self, queue_capacity: usize) -> Self {
+        self.queue_capacity = queue_capacity;
+        self
+    }
+
+    /// KV-cache budget counted in tokens: a request reserves `prompt_tokens + max_new_tokens` of it.
+    /// Must be at least 1.
+    pub fn kv_capacity_tokens(mut self, tokens: u64) -> Self {
+        self.kv_capacity = Some(tokens);
+        self
+    }
+
+    /// Request rate: `per_second` requests per second on average, up to `burst` at once. `per_second`
+    /// must be finite and in `0.001..=1e9`; `burst` at least 1.
+    pub fn request_rate(mut self, per_second: f64, burst: u32) -> Self {
+        self.request_rate = Some((per_second, burst));
+        self
+    }
+
+    /// LLM-token rate: `per_second` tokens per second, up to `burst` at once. A request costs
+    /// `prompt_tokens + max_new_tokens`; [`Permit::complete`](crate::Permit::complete) refunds what it
+    /// did not generate. A request costing more than `burst` is
+    /// [`TooLarge`](crate::Rejection::TooLarge).
+    pub fn token_rate(mut self, per_second: f64, burst: u64) -> Self {
+        self.token_rate = Some((per_second, burst));
+        self
+    }
+
+    /// Longest time any request waits in the queue before it is rejected with
+    /// [`Rejection::TimedOut`](crate::Rejection::TimedOut). A request may ask for a shorter wait with
+    /// [`Request::max_wait`](crate::Request::max_wait). Default: no limit (a waiter waits until it is
+    /// admitted, its future is dropped, or the admission is closed).
+    pub fn max_queue_wait(mut self, max_wait: Duration) -> Self {
+        self.max_queue_wait = Some(max_wait);
+        self
+    }
+
+    /// Uses `clock` for every time-dependent limit (rates, deadlines, hold times).
+    pub fn clock<C2: Clock>(self, clock: C2) -> AdmissionBuilder<C2> {
+        AdmissionBuilder {
+            max_in_flight: self.max_in_flight,
+            queue_capacity: self.queue_capacity,
+            kv_capacity: self.kv_capacity,
+            kv_cost: self.kv_cost,
+            request_rate: self.request_rate,
+            token_rate: self.token_rate,
+            max_queue_wait: self.max_queue_wait,
+            clock,
+        }
+    }
+
+    pub(crate) fn set_kv_cost(mut self, kv_cost: KvCost, capacity: u64) -> Self {
+        self.kv_cost = kv_cost;
+        self.kv_capacity = Some(capacity);
+        self
+    }
+
+    /// Checks the configuration and builds the admission.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] when a setting could never admit anything or is not a valid number:
+    /// `max_in_flight(0)`, `kv_capacity_tokens(0)`, a rate that is zero, negative, NaN, infinite or out of
+    /// range, a zero burst, or a queue capacity above 2^20.
+    pub fn build(self) -> Result<Admission<C>, ConfigError> {
+        let max_in_flight = match self.max_in_flight {
+            Some(0) => return Err(ConfigError::Zero { what: "max_in_flight" }),
+            Some(n) => n as u64,
+            None => u64::MAX,
+        };
+        let kv_capacity = match self.kv_capacity {
+            Some(0) => return Err(ConfigError::Zero { what: "KV capacity" }),
+            Some(n) => n,
+            None => u64::MAX,
+        };
+        if self.queue_capacity > MAX_QUEUE_CAPACITY {
+            return Err(ConfigError::OutOfRange {
+                what: "queue_capacity",
+                reason: format!(
+                    "{} waiters per class requested; at most {MAX_QUEUE_CAPACITY} are supported",
+                    self.queue_capacity
+                ),
+            });
+        }
+        let request_rate = match self.request_rate {
+            Some((_, 0)) => return Err(ConfigError::Zero { what: "request rate burst" }),
+            Some((rate, burst)) => Some(
+                TokenBucket::with_clock(rate, u64::from(burst), self.clock.clone())
+                    .map_err(|e| rename_rate(e, "request rate"))?,
+            ),
+            None => None,
+        };
+        let token_rate = match self.token_rate {
+            Some((_, 0)) => return Err(ConfigError::Zero { what: "token rate burst" }),
+            Some((rate, burst)) => Some(
+                TokenBucket::with_clock(rate, burst, self.clock.clone())
+                    .map_err(|e| rename_rate(e, "token rate"))?,
+            ),
+            None => None,
+        };
+        Ok(Admission {
+            shared: Arc::new(Shared {
+                core: Core::new(max_in_flight, kv_capacity, self.queue_capacity),
+                clock: self.clock,
+                kv_cost: self.kv_cost,
+                request_rate,
+                token_rate,
+                max_queue_wait: self.max_queue_wait.map(crate::clock::duration_to_nanos),
+            }),
+        })
+    }
+}
+
+/// Names the admission's setting in a bucket's rate error.
+fn rename_rate(error: ConfigError, what: &'static str) -> ConfigError {
+    match error {
+        ConfigError::InvalidRate { value, min, max, .. } => ConfigError::InvalidRate { what, value, min, max },
+        other => other,
+    }
+}

@@ -1,0 +1,394 @@
+//! The runtime-free heart of admission: capacity gauges, the waiting room and the dispatcher that hands
+//! released capacity to waiters in order.
+//!
+//! This part is independent of the clock type, so [`Permit`](crate::Permit) and
+//! [`Admit`](crate::Admit) need no type parameter.
+//!
+//! # Invariants
+//! - **Conservation**: `slots.used` and `kv.used` equal the sums over live permits and granted-but-unclaimed
+//!   waiters. Every `take` is matched by exactly one `give`.
+//! - **Exact waiting count**: the packed `waiting` word counts, per class, the waiters in state `WAITING`
+//!   (plus, for a few instructions, one that is being enqueued). Whoever moves a waiter out of `WAITING`
+//!   decrements it.
+//! - **FIFO within a class, strict priority between classes**: only the dispatcher grants waiters, it runs
+//!   on one thread at a time, it serves the highest class first and stops at a head that does not fit
+//!   (head-of-line blocking: a large request at the head is never starved by smaller ones behind it).
+//! - **No lost wake-up**: releasing capacity and then reading `waiting` (both `SeqCst`) pairs with
+//!   incrementing `waiting` and then running the dispatcher: at least one side sees the other.
+
+use super::waiter::{CLOSED, GRANTED, WAITING, Waiter};
+use crate::Priority;
+use crate::queue::BoundedQueue;
+use crate::sync::{self, Arc, AtomicBool, AtomicU64, CachePadded, Mutex, Ordering};
+use std::time::Duration;
+
+/// Bits of the packed waiting word per priority class.
+const CLASS_BITS: u32 = 21;
+const CLASS_MASK: u64 = (1 << CLASS_BITS) - 1;
+/// Largest accepted `queue_capacity` (per class), so that a class count never overflows its bits.
+pub(crate) const MAX_QUEUE_CAPACITY: usize = 1 << 20;
+
+/// Assumed permit hold time before any has been observed.
+const DEFAULT_HOLD_NANOS: u64 = 1_000_000_000;
+/// Bounds of every capacity retry hint.
+const MIN_HINT: Duration = Duration::from_millis(1);
+const MAX_HINT: Duration = Duration::from_secs(600);
+
+/// A counted resource with a limit that can change at run time.
+#[derive(Debug)]
+pub(crate) struct Gauge {
+    used: AtomicU64,
+    /// `u64::MAX` means unlimited.
+    limit: AtomicU64,
+}
+
+impl Gauge {
+    fn new(limit: u64) -> Self {
+        Self { used: AtomicU64::new(0), limit: AtomicU64::new(limit) }
+    }
+
+    /// Takes `n` if the result stays within the limit. `SeqCst` so that a waiter's enqueue and a
+    /// release cannot both miss each other (see the module invariants).
+    #[inline]
+    fn try_take(&self, n: u64) -> bool {
+        let limit = self.limit.load(Ordering::Relaxed);
+        let mut used = self.used.load(Ordering::Relaxed);
+        loop {
+            let Some(next) = used.checked_add(n) else { return false };
+            if next > limit {
+                return false;
+            }
+            match self.used.compare_exchange_weak(used, next, Ordering::SeqCst, Ordering::Relaxed) {
+                Ok(_) => return true,
+                Err(actual) => used = actual,
+            }
+        }
+    }
+
+    #[inline]
+    fn give(&self, n: u64) {
+        let before = self.used.fetch_sub(n, Ordering::SeqCst);
+        debug_assert!(before >= n, "capacity returned twice");
+    }
+
+    pub(crate) fn used(&self) -> u64 {
+        self.used.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn limit(&self) -> u64 {
+        self.limit.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn set_limit(&self, limit: u64) {
+        self.limit.store(limit, Ordering::SeqCst);
+    }
+}
+
+/// The hot counters, on their own cache line.
+#[derive(Debug)]
+struct Hot {
+    slots: Gauge,
+    kv: Gauge,
+    /// Live waiters per class, `CLASS_BITS` bits each, class `i` at bit `i * CLASS_BITS`.
+    waiting: AtomicU64,
+    closed: AtomicBool,
+}
+
+/// Monotonic statistics, on their own cache line.
+#[derive(Debug)]
+pub(crate) struct Stats {
+    pub(crate) admitted: AtomicU64,
+    pub(crate) rejected: [AtomicU64; crate::Rejection::REASONS],
+    /// Exponentially weighted mean permit hold time in nanoseconds (weight 1/8), 0 before any sample.
+    hold_ewma_nanos: AtomicU64,
+}
+
+/// Waiters that the dispatcher took out of a queue but could not grant yet: the head of each class.
+type Parked = [Option<Arc<Waiter>>; Priority::COUNT];
+
+/// Clock-independent admission state shared by an `Admission`, its permits and its waiters.
+#[derive(Debug)]
+pub(crate) struct Core {
+    hot: CachePadded<Hot>,
+    pub(crate) stats: CachePadded<Stats>,
+    queue_capacity: usize,
+    queues: [BoundedQueue<Arc<Waiter>>; Priority::COUNT],
+    /// The dispatcher's lock; it guards the parked heads.
+    dispatch: Mutex<Parked>,
+    /// Set by anyone who wants a dispatch pass; cleared by the pass that serves it.
+    dispatch_requested: AtomicBool,
+    /// Deadlines of waiters.
+    timer: super::timer::Timer,
+}
+
+impl Core {
+    pub(crate) fn new(max_in_flight: u64, kv_capacity: u64, queue_capacity: usize) -> Self {
+        // Cancelled waiters stay in the ring until they reach its head, so the ring has room for as
+        // many tombstones as live waiters before a push can fail on it.
+        let ring = queue_capacity.saturating_mul(2).max(1);
+        Self {
+            hot: CachePadded(Hot {
+                slots: Gauge::new(max_in_flight),
+                kv: Gauge::new(kv_capacity),
+                waiting: AtomicU64::new(0),
+                closed: AtomicBool::new(false),
+            }),
+            stats: CachePadded(Stats {
+                admitted: AtomicU64::new(0),
+                rejected: std::array::from_fn(|_| AtomicU64::new(0)),
+                hold_ewma_nanos: AtomicU64::new(0),
+            }),
+            queue_capacity,
+            queues: std::array::from_fn(|_| BoundedQueue::new(ring)),
+            dispatch: Mutex::new([None, None, None]),
+            dispatch_requested: AtomicBool::new(false),
+            timer: super::timer::Timer::default(),
+        }
+    }
+
+    pub(crate) fn slots(&self) -> &Gauge {
+        &self.hot.slots
+    }
+
+    pub(crate) fn kv(&self) -> &Gauge {
+        &self.hot.kv
+    }
+
+    pub(crate) fn timer(&self) -> &super::timer::Timer {
+        &self.timer
+    }
+
+    /// Ends the waits whose deadline is at or before `now`.
+    pub(crate) fn expire_waiters(&self, now: u64) -> usize {
+        self.timer.expire(self, now)
+    }
+
+    pub(crate) fn queue_capacity(&self) -> usize {
+        self.queue_capacity
+    }
+
+    #[inline]
+    pub(crate) fn is_closed(&self) -> bool {
+        self.hot.closed.load(Ordering::Acquire)
+    }
+
+    /// True if a waiter of `class` or a higher class exists: a new request of `class` must queue
+    /// behind it rather than take capacity directly.
+    #[inline]
+    pub(crate) fn has_waiters_at_or_above(&self, class: usize) -> bool {
+        let word = self.hot.waiting.load(Ordering::SeqCst);
+        (word >> (class as u32 * CLASS_BITS)) != 0
+    }
+
+    /// Live waiters in all classes.
+    pub(crate) fn queued(&self) -> usize {
+        let word = self.hot.waiting.load(Ordering::Acquire);
+        (0..Priority::COUNT).map(|c| ((word >> (c as u32 * CLASS_BITS)) & CLASS_MASK) as usize).sum()
+    }
+
+    /// Live waiters of one class.
+    pub(crate) fn queued_in(&self, class: usize) -> usize {
+        let word = self.hot.waiting.load(Ordering::Acquire);
+        ((word >> (class as u32 * CLASS_BITS)) & CLASS_MASK) as usize
+    }
+
+    /// Takes one in-flight slot and `kv` KV units, all or nothing.
+    #[inline]
+    pub(crate) fn try_reserve(&self, kv: u64) -> bool {
+        if !self.hot.slots.try_take(1) {
+            return false;
+        }
+        if !self.hot.kv.try_take(kv) {
+            self.release(0);
+            return false;
+        }
+        true
+    }
+
+    /// Returns one slot and `kv` KV units, then lets waiters have them.
+    #[inline]
+    pub(crate) fn release(&self, kv: u64) {
+        self.give_back(kv);
+        self.dispatch_if_waiting();
+    }
+
+    /// Returns capacity without running the dispatcher (used inside a dispatch pass).
+    #[inline]
+    fn give_back(&self, kv: u64) {
+        self.hot.slots.give(1);
+        if kv != 0 {
+            self.hot.kv.give(kv);
+        }
+    }
+
+    /// Runs the dispatcher if anyone waits.
+    #[inline]
+    pub(crate) fn dispatch_if_waiting(&self) {
+        if self.hot.waiting.load(Ordering::SeqCst) != 0 {
+            self.dispatch();
+        }
+    }
+
+    /// Records one rejection.
+    #[inline]
+    pub(crate) fn count_rejection(&self, rejection: &crate::Rejection) {
+        self.stats.rejected[rejection.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Feeds one observed permit hold time into the moving average.
+    pub(crate) fn record_hold(&self, nanos: u64) {
+        let ewma = &self.stats.hold_ewma_nanos;
+        let old = ewma.load(Ordering::Relaxed);
+        // A racing update may be lost; the average only steers retry hints.
+        let new = if old == 0 { nanos } else { old - old / 8 + nanos / 8 };
+        ewma.store(new.max(1), Ordering::Relaxed);
+    }
+
+    /// Mean hold time of a permit as observed so far.
+    pub(crate) fn mean_hold(&self) -> Duration {
+        match self.stats.hold_ewma_nanos.load(Ordering::Relaxed) {
+            0 => Duration::from_nanos(DEFAULT_HOLD_NANOS),
+            n => Duration::from_nanos(n),
+        }
+    }
+
+    /// Estimated time until capacity for one more request frees up, with `ahead` requests queued before
+    /// it: permits are released at about `in_flight / mean_hold` per second, and each of the `ahead`
+    /// waiters needs one release before this request's turn. Never zero.
+    pub(crate) fn capacity_hint(&self, ahead: usize) -> Duration {
+        let in_flight = self.hot.slots.used().max(1);
+        let per_release = self.mean_hold().as_nanos() as u64 / in_flight;
+        let nanos = per_release.saturating_mul(ahead as u64 + 1);
+        Duration::from_nanos(nanos).clamp(MIN_HINT, MAX_HINT)
+    }
+
+    /// Adds a waiter to its class's queue.
+    ///
+    /// Returns false if the class already holds `queue_capacity` live waiters (or the admission is
+    /// closed); the waiter was then not queued and the caller still owns everything.
+    pub(crate) fn enqueue(&self, waiter: &Arc<Waiter>) -> bool {
+        let class = waiter.class;
+        let shift = class as u32 * CLASS_BITS;
+        let limit = self.queue_capacity as u64;
+        let counted = self
+            .hot
+            .waiting
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |word| {
+                ((word >> shift) & CLASS_MASK < limit).then(|| word + (1 << shift))
+            })
+            .is_ok();
+        if !counted {
+            return false;
+        }
+        let mut item = Arc::clone(waiter);
+        for attempt in 0..2 {
+            match self.queues[class].push(item) {
+                Ok(()) => {
+                    // Grants, or closes, if that is already possible.
+                    self.dispatch();
+                    return true;
+                }
+                Err(back) => {
+                    item = back;
+                    if attempt == 0 {
+                        // The ring is full of tombstones behind a live head: a pass drops those at
+                        // the head; then try once more.
+                        self.dispatch();
+                    }
+                }
+            }
+        }
+        self.uncount(class);
+        false
+    }
+
+    /// Removes one waiter of `class` from the count: called by whoever moved it out of `WAITING`.
+    #[inline]
+    pub(crate) fn uncount(&self, class: usize) {
+        self.hot.waiting.fetch_sub(1 << (class as u32 * CLASS_BITS), Ordering::SeqCst);
+    }
+
+    /// Gives up a waiter that is still `WAITING` (cancelled, timed out): true if this call won, in which
+    /// case the waiter holds nothing and the queue has been told.
+    pub(crate) fn abandon(&self, waiter: &Waiter, to: u8) -> bool {
+        if waiter.leave_waiting(to) {
+            self.uncount(waiter.class);
+            // It may have been the head blocking others.
+            self.dispatch();
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Marks the admission closed and ends every wait with `Closed`.
+    pub(crate) fn close(&self) {
+        self.hot.closed.store(true, Ordering::SeqCst);
+        self.dispatch();
+    }
+
+    /// Runs dispatch passes until no request for one is pending. At most one thread runs a pass at a
+    /// time; a thread that finds the dispatcher busy leaves its request in `dispatch_requested`, which
+    /// the running dispatcher is guaranteed to see (it re-checks after unlocking).
+    pub(crate) fn dispatch(&self) {
+        loop {
+            self.dispatch_requested.store(true, Ordering::SeqCst);
+            let Some(mut parked) = sync::try_lock(&self.dispatch) else { return };
+            while self.dispatch_requested.swap(false, Ordering::SeqCst) {
+                self.pass(&mut parked);
+            }
+            drop(parked);
+            if !self.dispatch_requested.load(Ordering::SeqCst) {
+                return;
+            }
+        }
+    }
+
+    /// One pass: grant waiters in priority then arrival order while capacity lasts; on close, end every
+    /// wait. Tombstones (waiters no longer `WAITING`) are dropped as they reach the head.
+    fn pass(&self, parked: &mut Parked) {
+        let closing = self.is_closed();
+        for priority in Priority::HIGHEST_FIRST {
+            let class = priority.index();
+            loop {
+                let Some(head) = parked[class].take().or_else(|| self.queues[class].pop()) else {
+                    break;
+                };
+                if head.state() != WAITING {
+                    continue;
+                }
+                if closing {
+                    if head.leave_waiting(CLOSED) {
+                        self.uncount(class);
+                        head.wake();
+                    }
+                    continue;
+                }
+                if !self.reserve_for_waiter(head.kv) {
+                    // Strict FIFO and strict priority: nobody passes a head that does not fit.
+                    parked[class] = Some(head);
+                    return;
+                }
+                if head.leave_waiting(GRANTED) {
+                    self.uncount(class);
+                    head.wake();
+                } else {
+                    // Cancelled or timed out while we reserved: undo, keep going.
+                    self.give_back(head.kv);
+                }
+            }
+        }
+    }
+
+    /// Like `try_reserve`, without running the dispatcher on failure (we are the dispatcher).
+    fn reserve_for_waiter(&self, kv: u64) -> bool {
+        if !self.hot.slots.try_take(1) {
+            return false;
+        }
+        if !self.hot.kv.try_take(kv) {
+            self.hot.slots.give(1);
+            return false;
+        }
+        true
+    }
+}

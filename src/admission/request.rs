@@ -1,0 +1,128 @@
+//! What a caller asks for: prompt and output token counts, a priority class, an optional wait limit.
+
+use std::time::Duration;
+
+/// Priority class of a request. Waiting requests of a higher class are always served before any request
+/// of a lower class (strict priority); within a class, in arrival order (FIFO).
+///
+/// # Examples
+///
+/// ```
+/// use kvgate::{Priority, Request};
+///
+/// let chat = Request::new(512, 256).priority(Priority::Interactive);
+/// let nightly_eval = Request::new(4096, 1024).priority(Priority::Batch);
+/// assert!(chat.priority_class() > nightly_eval.priority_class());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub enum Priority {
+    /// Background work (evaluations, batch jobs): served only when nobody of a higher class waits.
+    Batch = 0,
+    /// The default class.
+    #[default]
+    Normal = 1,
+    /// Latency-sensitive traffic (a person waiting on a chat reply): served first.
+    Interactive = 2,
+}
+
+impl Priority {
+    /// Number of priority classes.
+    pub const COUNT: usize = 3;
+
+    /// All classes, highest first (the order in which waiters are served).
+    pub const HIGHEST_FIRST: [Priority; Priority::COUNT] =
+        [Priority::Interactive, Priority::Normal, Priority::Batch];
+
+    /// Dense index of this class (`Batch` = 0 … `Interactive` = 2).
+    #[inline]
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+
+    /// Lower-case name, as used in metrics labels.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Priority::Batch => "batch",
+            Priority::Normal => "normal",
+            Priority::Interactive => "interactive",
+        }
+    }
+}
+
+/// One generation request as admission sees it: how many tokens it brings and may produce.
+///
+/// A request reserves `prompt_tokens + max_new_tokens` of the KV budget and of the token rate. Building a
+/// request is free (no allocation); it is `Copy`.
+///
+/// # Examples
+///
+/// ```
+/// use kvgate::Request;
+/// use std::time::Duration;
+///
+/// let req = Request::new(1200, 800).max_wait(Duration::from_secs(2));
+/// assert_eq!(req.total_tokens(), 2000);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Request {
+    prompt_tokens: u32,
+    max_new_tokens: u32,
+    priority: Priority,
+    max_wait: Option<Duration>,
+}
+
+impl Request {
+    /// A request with `prompt_tokens` of input that may generate up to `max_new_tokens`.
+    #[inline]
+    pub const fn new(prompt_tokens: u32, max_new_tokens: u32) -> Self {
+        Self { prompt_tokens, max_new_tokens, priority: Priority::Normal, max_wait: None }
+    }
+
+    /// Sets the priority class (default [`Priority::Normal`]).
+    #[inline]
+    #[must_use]
+    pub const fn priority(mut self, priority: Priority) -> Self {
+        self.priority = priority;
+        self
+    }
+
+    /// Limits how long this request may wait in the queue. The effective limit is the shorter of this and
+    /// the admission's [`max_queue_wait`](crate::AdmissionBuilder::max_queue_wait): a request can only
+    /// shorten its wait, never extend it.
+    #[inline]
+    #[must_use]
+    pub const fn max_wait(mut self, max_wait: Duration) -> Self {
+        self.max_wait = Some(max_wait);
+        self
+    }
+
+    /// Input tokens.
+    #[inline]
+    pub const fn prompt_tokens(&self) -> u32 {
+        self.prompt_tokens
+    }
+
+    /// Upper bound on generated tokens.
+    #[inline]
+    pub const fn max_new_tokens(&self) -> u32 {
+        self.max_new_tokens
+    }
+
+    /// `prompt_tokens + max_new_tokens`, computed without overflow.
+    #[inline]
+    pub const fn total_tokens(&self) -> u64 {
+        self.prompt_tokens as u64 + self.max_new_tokens as u64
+    }
+
+    /// The request's priority class.
+    #[inline]
+    pub const fn priority_class(&self) -> Priority {
+        self.priority
+    }
+
+    /// The request's own wait limit, if it set one.
+    #[inline]
+    pub const fn max_wait_limit(&self) -> Option<Duration> {
+        self.max_wait
+    }
+}
