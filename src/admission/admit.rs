@@ -8,7 +8,7 @@
 use super::permit::{Owner, Permit};
 use super::waiter::{CANCELLED, CLOSED, GRANTED, Notify, TIMED_OUT, WAITING, Waiter};
 use super::{Rejection, Request};
-use crate::sync::Arc;
+use std::sync::Arc;
 use futures::task::AtomicWaker;
 use std::fmt;
 use std::future::Future;

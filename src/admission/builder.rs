@@ -5,7 +5,7 @@ use super::{Admission, KvCost, Shared};
 use crate::bucket::TokenBucket;
 use crate::clock::{Clock, MonotonicClock};
 use crate::error::ConfigError;
-use crate::sync::Arc;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Default waiting-room size per priority class.

@@ -19,7 +19,8 @@
 use super::waiter::{CLOSED, GRANTED, WAITING, Waiter};
 use crate::Priority;
 use crate::queue::BoundedQueue;
-use crate::sync::{self, Arc, AtomicBool, AtomicU64, CachePadded, Mutex, Ordering};
+use crate::sync::{self, AtomicBool, AtomicU64, CachePadded, Mutex, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Bits of the packed waiting word per priority class.

@@ -3,7 +3,7 @@
 
 use super::core::Core;
 use crate::Priority;
-use crate::sync::Arc;
+use std::sync::Arc;
 use std::fmt;
 
 /// What a permit or a waiting future needs from the (clock-generic) admission that issued it.

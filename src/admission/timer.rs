@@ -178,7 +178,7 @@ mod model {
     use super::super::core::Core;
     use super::super::permit::Owner;
     use super::super::waiter::Waiter;
-    use crate::sync::Arc;
+    use std::sync::Arc;
 
     /// Under loom there is no timer thread: deadlines are enforced by polls only.
     #[derive(Debug, Default)]
