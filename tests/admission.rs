@@ -1,5 +1,6 @@
 //! Behaviour of `Admission::try_admit`: each limit, all-or-nothing, honest retry hints, bad input,
 //! runtime resizing, counters.
+#![cfg(not(loom))]
 
 use kvgate::clock::ManualClock;
 use kvgate::{Admission, ConfigError, Limit, Priority, Rejection, Request};

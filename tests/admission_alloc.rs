@@ -1,5 +1,6 @@
 //! `try_admit` and dropping its permit allocate nothing after warm-up, with every limit on, on both the
 //! admitted and the rejected paths. A counting global allocator proves it.
+#![cfg(not(loom))]
 
 use kvgate::{Admission, Request};
 use std::alloc::{GlobalAlloc, Layout, System};

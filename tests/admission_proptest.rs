@@ -3,6 +3,7 @@
 //!
 //! Rates are whole tokens per millisecond and time advances in whole milliseconds, so the model's bucket
 //! levels are exact integers.
+#![cfg(not(loom))]
 
 use kvgate::clock::ManualClock;
 use kvgate::{Admission, Permit, Rejection, Request};

@@ -1,5 +1,6 @@
 //! Threads hammer one admission with random requests, drops and completions. While running, no
 //! observed snapshot exceeds a limit; at the end everything taken was returned.
+#![cfg(not(loom))]
 
 use kvgate::{Admission, Priority, Rejection, Request};
 use std::sync::Arc;

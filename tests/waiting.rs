@@ -1,4 +1,5 @@
 //! Waiting admission (`admit().await`, `admit_blocking`): the same behavioural suite on tokio's
+#![cfg(not(loom))]
 //! multi-threaded runtime, on smol, and on `futures::executor`, proving the core needs no runtime.
 
 use futures::FutureExt;

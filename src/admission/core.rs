@@ -13,13 +13,16 @@
 //! - **FIFO within a class, strict priority between classes**: only the dispatcher grants waiters, it runs
 //!   on one thread at a time, it serves the highest class first and stops at a head that does not fit
 //!   (head-of-line blocking: a large request at the head is never starved by smaller ones behind it).
-//! - **No lost wake-up**: releasing capacity and then reading `waiting` (both `SeqCst`) pairs with
-//!   incrementing `waiting` and then running the dispatcher: at least one side sees the other.
+//! - **No lost wake-up**: a release gives capacity back and then reads `waiting`; an enqueue increments
+//!   `waiting` and then (through the dispatcher) reads the capacity. Every one of these four accesses is
+//!   a read-modify-write, and RMWs read the latest value of their location, so at least one side sees
+//!   the other (a plain load could miss it: the loom model `enqueue_racing_a_release_loses_no_wakeup`
+//!   finds that interleaving).
 
 use super::waiter::{CLOSED, GRANTED, WAITING, Waiter};
 use crate::Priority;
 use crate::queue::BoundedQueue;
-use crate::sync::{self, AtomicBool, AtomicU64, CachePadded, Mutex, Ordering};
+use crate::sync::{self, AtomicBool, AtomicU8, AtomicU64, CachePadded, Mutex, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,6 +31,11 @@ const CLASS_BITS: u32 = 21;
 const CLASS_MASK: u64 = (1 << CLASS_BITS) - 1;
 /// Largest accepted `queue_capacity` (per class), so that a class count never overflows its bits.
 pub(crate) const MAX_QUEUE_CAPACITY: usize = 1 << 20;
+
+/// Dispatcher states.
+const IDLE: u8 = 0;
+const RUNNING: u8 = 1;
+const RUNNING_AGAIN: u8 = 2;
 
 /// Assumed permit hold time before any has been observed.
 const DEFAULT_HOLD_NANOS: u64 = 1_000_000_000;
@@ -48,12 +56,23 @@ impl Gauge {
         Self { used: AtomicU64::new(0), limit: AtomicU64::new(limit) }
     }
 
-    /// Takes `n` if the result stays within the limit. `SeqCst` so that a waiter's enqueue and a
-    /// release cannot both miss each other (see the module invariants).
+    /// Takes `n` if the result stays within the limit.
     #[inline]
     fn try_take(&self, n: u64) -> bool {
+        self.take_from(self.used.load(Ordering::Relaxed), n)
+    }
+
+    /// Like `try_take`, but starts from a read-modify-write of `used`, which sees the latest value in
+    /// its modification order. The dispatcher uses it after a waiter published itself, so that a
+    /// release that did not see the waiter is seen here (see the module invariants).
+    #[inline]
+    fn try_take_latest(&self, n: u64) -> bool {
+        self.take_from(self.used.fetch_add(0, Ordering::SeqCst), n)
+    }
+
+    #[inline]
+    fn take_from(&self, mut used: u64, n: u64) -> bool {
         let limit = self.limit.load(Ordering::Relaxed);
-        let mut used = self.used.load(Ordering::Relaxed);
         loop {
             let Some(next) = used.checked_add(n) else { return false };
             if next > limit {
@@ -114,10 +133,11 @@ pub(crate) struct Core {
     pub(crate) stats: CachePadded<Stats>,
     queue_capacity: usize,
     queues: [BoundedQueue<Arc<Waiter>>; Priority::COUNT],
-    /// The dispatcher's lock; it guards the parked heads.
-    dispatch: Mutex<Parked>,
-    /// Set by anyone who wants a dispatch pass; cleared by the pass that serves it.
-    dispatch_requested: AtomicBool,
+    /// Heads taken out of the queues but not granted yet; only the dispatch runner touches them (the
+    /// mutex is never contended; it makes that ownership explicit).
+    parked: Mutex<Parked>,
+    /// `IDLE`, `RUNNING` or `RUNNING_AGAIN`: who runs dispatch passes (see `dispatch`).
+    dispatch_state: AtomicU8,
     /// Deadlines of waiters.
     timer: super::timer::Timer,
 }
@@ -141,8 +161,8 @@ impl Core {
             }),
             queue_capacity,
             queues: std::array::from_fn(|_| BoundedQueue::new(ring)),
-            dispatch: Mutex::new([None, None, None]),
-            dispatch_requested: AtomicBool::new(false),
+            parked: Mutex::new([None, None, None]),
+            dispatch_state: AtomicU8::new(IDLE),
             timer: super::timer::Timer::default(),
         }
     }
@@ -222,10 +242,12 @@ impl Core {
         }
     }
 
-    /// Runs the dispatcher if anyone waits.
+    /// Runs the dispatcher if anyone waits. The waiting count is read with a read-modify-write (on a
+    /// cache line the release just wrote anyway): unlike a load, it cannot miss a waiter whose
+    /// enqueue came first in the count's modification order.
     #[inline]
     pub(crate) fn dispatch_if_waiting(&self) {
-        if self.hot.waiting.load(Ordering::SeqCst) != 0 {
+        if self.hot.waiting.fetch_add(0, Ordering::SeqCst) != 0 {
             self.dispatch();
         }
     }
@@ -328,19 +350,26 @@ impl Core {
         self.dispatch();
     }
 
-    /// Runs dispatch passes until no request for one is pending. At most one thread runs a pass at a
-    /// time; a thread that finds the dispatcher busy leaves its request in `dispatch_requested`, which
-    /// the running dispatcher is guaranteed to see (it re-checks after unlocking).
+    /// Runs dispatch passes until no request for one is pending.
+    ///
+    /// At most one thread (the runner) runs passes at a time. The `dispatch` word is `IDLE`, `RUNNING`
+    /// or `RUNNING_AGAIN`; every change to it is a read-modify-write, so a caller either becomes the
+    /// runner (it saw `IDLE`) or leaves `RUNNING_AGAIN`, which the runner is certain to see before it
+    /// can go idle — no request for a pass is ever lost, and nobody blocks.
     pub(crate) fn dispatch(&self) {
+        let previous = self
+            .dispatch_state
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |s| Some(if s == IDLE { RUNNING } else { RUNNING_AGAIN }))
+            .unwrap_or(RUNNING);
+        if previous != IDLE {
+            return;
+        }
         loop {
-            self.dispatch_requested.store(true, Ordering::SeqCst);
-            let Some(mut parked) = sync::try_lock(&self.dispatch) else { return };
-            while self.dispatch_requested.swap(false, Ordering::SeqCst) {
-                self.pass(&mut parked);
-            }
-            drop(parked);
-            if !self.dispatch_requested.load(Ordering::SeqCst) {
-                return;
+            self.pass(&mut sync::lock(&self.parked));
+            match self.dispatch_state.compare_exchange(RUNNING, IDLE, Ordering::SeqCst, Ordering::SeqCst) {
+                Ok(_) => return,
+                // RUNNING_AGAIN: someone asked for another pass while this one ran.
+                Err(_) => self.dispatch_state.store(RUNNING, Ordering::SeqCst),
             }
         }
     }
@@ -383,10 +412,10 @@ impl Core {
 
     /// Like `try_reserve`, without running the dispatcher on failure (we are the dispatcher).
     fn reserve_for_waiter(&self, kv: u64) -> bool {
-        if !self.hot.slots.try_take(1) {
+        if !self.hot.slots.try_take_latest(1) {
             return false;
         }
-        if !self.hot.kv.try_take(kv) {
+        if !self.hot.kv.try_take_latest(kv) {
             self.hot.slots.give(1);
             return false;
         }
