@@ -5,13 +5,20 @@ use proptest::prelude::*;
 
 fn kind() -> impl Strategy<Value = LayerKind> {
     prop_oneof![
-        (1u32..=64, 1u32..=512, 1u32..=512).prop_map(|(kv_heads, k_head_dim, v_head_dim)| LayerKind::Full {
-            kv_heads,
-            k_head_dim,
-            v_head_dim
+        (1u32..=64, 1u32..=512, 1u32..=512).prop_map(|(kv_heads, k_head_dim, v_head_dim)| {
+            LayerKind::Full {
+                kv_heads,
+                k_head_dim,
+                v_head_dim,
+            }
         }),
         (1u32..=64, 1u32..=512, 1u32..=512, 1u32..=200_000).prop_map(|(kv_heads, k, v, window)| {
-            LayerKind::Sliding { kv_heads, k_head_dim: k, v_head_dim: v, window }
+            LayerKind::Sliding {
+                kv_heads,
+                k_head_dim: k,
+                v_head_dim: v,
+                window,
+            }
         }),
         (1u32..=2048).prop_map(|latent_dim| LayerKind::Mla { latent_dim }),
         Just(LayerKind::NoKv(NoKvReason::LinearAttention)),
@@ -20,13 +27,21 @@ fn kind() -> impl Strategy<Value = LayerKind> {
 
 /// A spec of 1 to 5 groups with at least one layer holding a cache.
 fn spec() -> impl Strategy<Value = ModelSpec> {
-    (prop::collection::vec((1u32..=128, kind()), 1..=5), 1u32..=64, 1u32..=64).prop_map(|(groups, kv, dim)| {
-        groups
-            .into_iter()
-            .fold(ModelSpec::builder("random").full(1, kv, dim), |b, (layers, kind)| b.group(layers, kind))
-            .build()
-            .expect("valid by construction")
-    })
+    (
+        prop::collection::vec((1u32..=128, kind()), 1..=5),
+        1u32..=64,
+        1u32..=64,
+    )
+        .prop_map(|(groups, kv, dim)| {
+            groups
+                .into_iter()
+                .fold(
+                    ModelSpec::builder("random").full(1, kv, dim),
+                    |b, (layers, kind)| b.group(layers, kind),
+                )
+                .build()
+                .expect("valid by construction")
+        })
 }
 
 fn max_window(spec: &ModelSpec) -> u64 {
@@ -119,7 +134,8 @@ mod parser {
             any::<bool>().prop_map(Value::Bool),
             any::<i64>().prop_map(Value::from),
             any::<u64>().prop_map(Value::from),
-            any::<f64>().prop_map(|f| serde_json::Number::from_f64(f).map_or(Value::Null, Value::Number)),
+            any::<f64>()
+                .prop_map(|f| serde_json::Number::from_f64(f).map_or(Value::Null, Value::Number)),
             prop::sample::select(KEYS.to_vec()).prop_map(|s| Value::String(s.to_owned())),
             ".{0,12}".prop_map(Value::String),
         ];
@@ -134,16 +150,47 @@ mod parser {
 
     /// Keys and values the parser reads, so random objects reach deep into it.
     const KEYS: &[&str] = &[
-        "model_type", "text_config", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-        "hidden_size", "head_dim", "sliding_window", "use_sliding_window", "layer_types", "max_window_layers",
-        "sliding_window_pattern", "full_attention_interval", "attn_layer_period", "attn_layer_offset",
-        "kv_lora_rank", "qk_rope_head_dim", "global_head_dim", "num_global_key_value_heads",
-        "num_kv_shared_layers", "llama", "gemma3", "gemma4", "qwen3_next", "deepseek_v3", "jamba", "gpt_oss",
-        "qwen2", "mistral", "gemma2", "full_attention", "sliding_attention", "linear_attention", "mamba",
+        "model_type",
+        "text_config",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "hidden_size",
+        "head_dim",
+        "sliding_window",
+        "use_sliding_window",
+        "layer_types",
+        "max_window_layers",
+        "sliding_window_pattern",
+        "full_attention_interval",
+        "attn_layer_period",
+        "attn_layer_offset",
+        "kv_lora_rank",
+        "qk_rope_head_dim",
+        "global_head_dim",
+        "num_global_key_value_heads",
+        "num_kv_shared_layers",
+        "llama",
+        "gemma3",
+        "gemma4",
+        "qwen3_next",
+        "deepseek_v3",
+        "jamba",
+        "gpt_oss",
+        "qwen2",
+        "mistral",
+        "gemma2",
+        "full_attention",
+        "sliding_attention",
+        "linear_attention",
+        "mamba",
     ];
 
     fn key() -> impl Strategy<Value = String> {
-        prop_oneof![prop::sample::select(KEYS.to_vec()).prop_map(str::to_owned), ".{0,8}"]
+        prop_oneof![
+            prop::sample::select(KEYS.to_vec()).prop_map(str::to_owned),
+            ".{0,8}"
+        ]
     }
 
     fn interesting() -> impl Strategy<Value = Value> {

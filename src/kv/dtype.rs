@@ -105,6 +105,9 @@ mod tests {
             assert_eq!(dtype.to_string().parse::<KvDtype>(), Ok(dtype));
         }
         assert_eq!("F16".parse::<KvDtype>(), Ok(KvDtype::F16));
-        assert!(matches!("int4".parse::<KvDtype>(), Err(ConfigError::UnknownName { .. })));
+        assert!(matches!(
+            "int4".parse::<KvDtype>(),
+            Err(ConfigError::UnknownName { .. })
+        ));
     }
 }

@@ -1,35 +1,6 @@
 //! Reading a Hugging Face `config.json` into a [`ModelSpec`] (feature `hf-config`).
 //!
-//! The parser reads the keys the KV cache depends on, with the defaults of the Hugging Face config class of
-//! each supported family where a published file leaves a key out, and refuses everything else with a
-//! [`ConfigError`] naming the key. Rules, per family (`i` is the 0-based layer index):
-//!
-//! - **Text model**: when the file has a `text_config` object (multimodal Gemma 3/4, Qwen3.5), that object is
-//!   the model; `vision_config` / `audio_config` are ignored.
-//! - **Head size**: `head_dim` when present and not null; otherwise 256 for Gemma 1/2/3 (their config
-//!   classes' default); otherwise `hidden_size / num_attention_heads` (which must divide).
-//! - **KV heads**: `num_key_value_heads`; when absent, `num_attention_heads` (multi-head attention, the
-//!   documented fallback of the Llama-style config classes). Required for Gemma.
-//! - **Layer types**: `layer_types` when present (`full_attention`, `sliding_attention`,
-//!   `linear_attention`, `mamba`); otherwise Gemma 2 alternates (even `i` sliding), Gemma 3 makes every
-//!   `sliding_window_pattern`-th layer global (default 6: `(i + 1) % 6 == 0`), gpt-oss alternates like
-//!   Gemma 2, Qwen3-Next / Qwen3.5 make every `full_attention_interval`-th layer full attention (default 4)
-//!   and the rest linear attention, Jamba puts attention at `i % attn_layer_period == attn_layer_offset`
-//!   (defaults 8 and 4) and Mamba elsewhere, Qwen2/Qwen3 with `use_sliding_window: true` slide from layer
-//!   `max_window_layers` on, and Mistral / Phi-3 apply `sliding_window` (when not null) to every layer.
-//! - **Sliding disabled**: `use_sliding_window: false` turns every would-be sliding layer into full attention
-//!   (Qwen2.5 publishes `sliding_window: 131072` with it switched off).
-//! - **Window defaults** (key absent, not null): 4096 for Gemma 2, Gemma 3 and Mistral, 128 for gpt-oss.
-//! - **Gemma 4**: full-attention layers use `global_head_dim` (default `head_dim`) and
-//!   `num_global_key_value_heads` (absent or null: `num_key_value_heads`); `layer_types` is required; the last `num_kv_shared_layers`
-//!   layers reuse earlier layers' caches and get none of their own. K and V are stored separately even with
-//!   `attention_k_eq_v`, as vLLM does.
-//! - **DeepSeek V2/V3 (MLA)**: every layer caches `kv_lora_rank + qk_rope_head_dim` elements per token;
-//!   `num_key_value_heads` is ignored. The multi-token-prediction layer (`num_nextn_predict_layers`) is not
-//!   counted: vLLM only allocates it with speculative decoding.
-//!
-//! Every integer must be a non-negative JSON integer that fits in a `u32`; sizes that would overflow are
-//! refused by [`ModelSpecBuilder::build`](crate::kv::ModelSpecBuilder::build). The parser never panics.
+//! The rules applied to each family are documented on [`ModelSpec::from_hf_config`].
 
 use serde_json::{Map, Value};
 
@@ -94,11 +65,19 @@ impl Section<'_> {
     }
 
     fn u32_opt(&self, key: &str) -> Result<Option<u32>, ConfigError> {
-        let Some(v) = self.get(key) else { return Ok(None) };
-        v.as_u64().and_then(|n| u32::try_from(n).ok()).map(Some).ok_or_else(|| ConfigError::InvalidKey {
-            key: self.path(key),
-            reason: format!("expected a non-negative integer up to {}, found {v}", u32::MAX),
-        })
+        let Some(v) = self.get(key) else {
+            return Ok(None);
+        };
+        v.as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .map(Some)
+            .ok_or_else(|| ConfigError::InvalidKey {
+                key: self.path(key),
+                reason: format!(
+                    "expected a non-negative integer up to {}, found {v}",
+                    u32::MAX
+                ),
+            })
     }
 
     fn u32_req(&self, key: &str) -> Result<u32, ConfigError> {
@@ -106,20 +85,30 @@ impl Section<'_> {
     }
 
     fn bool_opt(&self, key: &str) -> Result<Option<bool>, ConfigError> {
-        let Some(v) = self.get(key) else { return Ok(None) };
-        v.as_bool().map(Some).ok_or_else(|| ConfigError::InvalidKey {
-            key: self.path(key),
-            reason: format!("expected true or false, found {v}"),
-        })
+        let Some(v) = self.get(key) else {
+            return Ok(None);
+        };
+        v.as_bool()
+            .map(Some)
+            .ok_or_else(|| ConfigError::InvalidKey {
+                key: self.path(key),
+                reason: format!("expected true or false, found {v}"),
+            })
     }
 
     fn missing(&self, key: &str) -> ConfigError {
-        ConfigError::MissingKey { key: self.path(key), model_type: self.model_type.to_owned() }
+        ConfigError::MissingKey {
+            key: self.path(key),
+            model_type: self.model_type.to_owned(),
+        }
     }
 
     fn nonzero(&self, key: &str, value: u32) -> Result<u32, ConfigError> {
         if value == 0 {
-            return Err(ConfigError::InvalidKey { key: self.path(key), reason: "must be at least 1".into() });
+            return Err(ConfigError::InvalidKey {
+                key: self.path(key),
+                reason: "must be at least 1".into(),
+            });
         }
         Ok(value)
     }
@@ -136,10 +125,38 @@ enum Slot {
 impl ModelSpec {
     /// Reads the KV-cache layout from a Hugging Face `config.json` as published.
     ///
-    /// The spec is named after the file's `model_type`; it has no parameter count. See the
-    /// [module docs](crate::kv) for the rules applied to each family (text models nested under
-    /// `text_config`, derived `head_dim`, `layer_types`, Gemma's layer patterns, disabled windows,
-    /// Gemma 4's global heads and shared-KV layers, hybrid linear-attention and Mamba models, MLA).
+    /// The spec is named after the file's `model_type`; it has no parameter count.
+    ///
+    /// The parser reads the keys the KV cache depends on, with the defaults of each family's Hugging Face
+    /// config class where a published file leaves a key out, and refuses everything else with a
+    /// [`ConfigError`] naming the key. Rules, per family (`i` is the 0-based layer index):
+    ///
+    /// - **Text model**: when the file has a `text_config` object (multimodal Gemma 3/4, Qwen3.5), that
+    ///   object is the model; `vision_config` / `audio_config` are ignored.
+    /// - **Head size**: `head_dim` when present and not null; otherwise 256 for Gemma 1/2/3 (their config
+    ///   classes' default); otherwise `hidden_size / num_attention_heads` (which must divide).
+    /// - **KV heads**: `num_key_value_heads`; when absent, `num_attention_heads` (multi-head attention, the
+    ///   documented fallback of the Llama-style config classes). Required for Gemma.
+    /// - **Layer types**: `layer_types` when present (`full_attention`, `sliding_attention`,
+    ///   `linear_attention`, `mamba`); otherwise Gemma 2 alternates (even `i` sliding), Gemma 3 makes every
+    ///   `sliding_window_pattern`-th layer global (default 6: `(i + 1) % 6 == 0`), gpt-oss alternates like
+    ///   Gemma 2, Qwen3-Next / Qwen3.5 make every `full_attention_interval`-th layer full attention (default 4)
+    ///   and the rest linear attention, Jamba puts attention at `i % attn_layer_period == attn_layer_offset`
+    ///   (defaults 8 and 4) and Mamba elsewhere, Qwen2/Qwen3 with `use_sliding_window: true` slide from layer
+    ///   `max_window_layers` on, and Mistral / Phi-3 apply `sliding_window` (when not null) to every layer.
+    /// - **Sliding disabled**: `use_sliding_window: false` turns every would-be sliding layer into full
+    ///   attention (Qwen2.5 publishes `sliding_window: 131072` with it switched off).
+    /// - **Window defaults** (key absent, not null): 4096 for Gemma 2, Gemma 3 and Mistral, 128 for gpt-oss.
+    /// - **Gemma 4**: full-attention layers use `global_head_dim` (default `head_dim`) and
+    ///   `num_global_key_value_heads` (absent or null: `num_key_value_heads`); `layer_types` is required;
+    ///   the last `num_kv_shared_layers` layers reuse earlier layers' caches and get none of their own. K and
+    ///   V are stored separately even with `attention_k_eq_v`, as vLLM does.
+    /// - **DeepSeek V2/V3 (MLA)**: every layer caches `kv_lora_rank + qk_rope_head_dim` elements per token;
+    ///   `num_key_value_heads` is ignored. The multi-token-prediction layer (`num_nextn_predict_layers`) is not
+    ///   counted: vLLM only allocates it with speculative decoding.
+    ///
+    /// Every integer must be a non-negative JSON integer that fits in a `u32`; sizes that would overflow are
+    /// refused by [`ModelSpecBuilder::build`](crate::kv::ModelSpecBuilder::build). The parser never panics.
     ///
     /// # Errors
     ///
@@ -163,10 +180,14 @@ impl ModelSpec {
     /// assert_eq!(spec.kv_bytes(10_000, KvDtype::Bf16), 32 * 4096 * 4096);
     /// # Ok::<(), kvgate::ConfigError>(())
     /// ```
+    #[cfg_attr(docsrs, doc(cfg(feature = "hf-config")))]
     pub fn from_hf_config(json: &str) -> Result<ModelSpec, ConfigError> {
-        let root: Value = serde_json::from_str(json).map_err(|e| ConfigError::InvalidJson(e.to_string()))?;
+        let root: Value =
+            serde_json::from_str(json).map_err(|e| ConfigError::InvalidJson(e.to_string()))?;
         let Some(root) = root.as_object() else {
-            return Err(ConfigError::InvalidJson("the top level is not an object".into()));
+            return Err(ConfigError::InvalidJson(
+                "the top level is not an object".into(),
+            ));
         };
         let top_type = match root.get("model_type") {
             Some(Value::String(s)) => s.as_str(),
@@ -177,12 +198,23 @@ impl ModelSpec {
                 });
             }
             None => {
-                return Err(ConfigError::MissingKey { key: "model_type".into(), model_type: "unknown".into() });
+                return Err(ConfigError::MissingKey {
+                    key: "model_type".into(),
+                    model_type: "unknown".into(),
+                });
             }
         };
         let sec = match root.get("text_config") {
-            Some(Value::Object(obj)) => Section { obj, prefix: "text_config.", model_type: top_type },
-            Some(Value::Null) | None => Section { obj: root, prefix: "", model_type: top_type },
+            Some(Value::Object(obj)) => Section {
+                obj,
+                prefix: "text_config.",
+                model_type: top_type,
+            },
+            Some(Value::Null) | None => Section {
+                obj: root,
+                prefix: "",
+                model_type: top_type,
+            },
             Some(other) => {
                 return Err(ConfigError::InvalidKey {
                     key: "text_config".into(),
@@ -195,7 +227,9 @@ impl ModelSpec {
             .iter()
             .find(|(name, _)| *name == base)
             .map(|&(_, f)| f)
-            .ok_or_else(|| ConfigError::UnsupportedArchitecture { model_type: top_type.to_owned() })?;
+            .ok_or_else(|| ConfigError::UnsupportedArchitecture {
+                model_type: top_type.to_owned(),
+            })?;
         parse(&sec, family)
     }
 }
@@ -207,10 +241,12 @@ fn parse(sec: &Section<'_>, family: Family) -> Result<ModelSpec, ConfigError> {
     if family == Family::DeepSeek {
         let rank = sec.u32_req("kv_lora_rank")?;
         let rope = sec.u32_req("qk_rope_head_dim")?;
-        let latent = rank.checked_add(rope).ok_or_else(|| ConfigError::InvalidKey {
-            key: sec.path("kv_lora_rank"),
-            reason: "kv_lora_rank + qk_rope_head_dim overflows".into(),
-        })?;
+        let latent = rank
+            .checked_add(rope)
+            .ok_or_else(|| ConfigError::InvalidKey {
+                key: sec.path("kv_lora_rank"),
+                reason: "kv_lora_rank + qk_rope_head_dim overflows".into(),
+            })?;
         return builder.mla(layers, latent).build();
     }
 
@@ -235,7 +271,9 @@ fn parse(sec: &Section<'_>, family: Family) -> Result<ModelSpec, ConfigError> {
         (None, Family::GptOss) => Some(128),
         (None, _) => None,
     };
-    let sliding_enabled = sec.bool_opt("use_sliding_window")?.unwrap_or(!matches!(family, Family::Qwen2));
+    let sliding_enabled = sec
+        .bool_opt("use_sliding_window")?
+        .unwrap_or(!matches!(family, Family::Qwen2));
 
     let slots = layer_slots(sec, family, layers, window.is_some() && sliding_enabled)?;
 
@@ -252,7 +290,11 @@ fn parse(sec: &Section<'_>, family: Family) -> Result<ModelSpec, ConfigError> {
     } else {
         (kv_heads, head_dim)
     };
-    let shared = if family == Family::Gemma4 { sec.u32_opt("num_kv_shared_layers")?.unwrap_or(0) } else { 0 };
+    let shared = if family == Family::Gemma4 {
+        sec.u32_opt("num_kv_shared_layers")?.unwrap_or(0)
+    } else {
+        0
+    };
     if shared > layers {
         return Err(ConfigError::InvalidKey {
             key: sec.path("num_kv_shared_layers"),
@@ -260,7 +302,11 @@ fn parse(sec: &Section<'_>, family: Family) -> Result<ModelSpec, ConfigError> {
         });
     }
 
-    let full = LayerKind::Full { kv_heads: global_heads, k_head_dim: global_dim, v_head_dim: global_dim };
+    let full = LayerKind::Full {
+        kv_heads: global_heads,
+        k_head_dim: global_dim,
+        v_head_dim: global_dim,
+    };
     let mut b = builder;
     for (i, slot) in slots.enumerate() {
         let slot = slot?;
@@ -271,7 +317,12 @@ fn parse(sec: &Section<'_>, family: Family) -> Result<ModelSpec, ConfigError> {
                 Slot::Full => full,
                 Slot::Sliding if !sliding_enabled => full,
                 Slot::Sliding => match window {
-                    Some(window) => LayerKind::Sliding { kv_heads, k_head_dim: head_dim, v_head_dim: head_dim, window },
+                    Some(window) => LayerKind::Sliding {
+                        kv_heads,
+                        k_head_dim: head_dim,
+                        v_head_dim: head_dim,
+                        window,
+                    },
                     None => return Err(sec.missing("sliding_window")),
                 },
                 Slot::NoKv(reason) => LayerKind::NoKv(reason),
@@ -311,7 +362,10 @@ fn layer_slots<'a>(
         if list.len() != layers as usize {
             return Err(ConfigError::InvalidKey {
                 key: sec.path("layer_types"),
-                reason: format!("has {} entries but num_hidden_layers is {layers}", list.len()),
+                reason: format!(
+                    "has {} entries but num_hidden_layers is {layers}",
+                    list.len()
+                ),
             });
         }
         return Ok(Box::new(list.iter().map(move |t| match t.as_str() {
@@ -327,24 +381,45 @@ fn layer_slots<'a>(
             }),
         })));
     }
-    let all = move |slot: Slot| -> Box<dyn Iterator<Item = _>> { Box::new((0..layers).map(move |_| Ok(slot))) };
+    let all = move |slot: Slot| -> Box<dyn Iterator<Item = _>> {
+        Box::new((0..layers).map(move |_| Ok(slot)))
+    };
     let uniform = if sliding { Slot::Sliding } else { Slot::Full };
     Ok(match family {
         Family::Gemma2 | Family::GptOss => {
             Box::new((0..layers).map(move |i| Ok(if i % 2 == 0 { uniform } else { Slot::Full })))
         }
         Family::Gemma3 => {
-            let pattern = sec.nonzero("sliding_window_pattern", sec.u32_opt("sliding_window_pattern")?.unwrap_or(6))?;
-            Box::new((0..layers).map(move |i| Ok(if (i + 1) % pattern == 0 { Slot::Full } else { uniform })))
+            let pattern = sec.nonzero(
+                "sliding_window_pattern",
+                sec.u32_opt("sliding_window_pattern")?.unwrap_or(6),
+            )?;
+            Box::new((0..layers).map(move |i| {
+                Ok(if (i + 1) % pattern == 0 {
+                    Slot::Full
+                } else {
+                    uniform
+                })
+            }))
         }
         Family::Qwen3Next => {
-            let every = sec.nonzero("full_attention_interval", sec.u32_opt("full_attention_interval")?.unwrap_or(4))?;
+            let every = sec.nonzero(
+                "full_attention_interval",
+                sec.u32_opt("full_attention_interval")?.unwrap_or(4),
+            )?;
             Box::new((0..layers).map(move |i| {
-                Ok(if (i + 1) % every == 0 { Slot::Full } else { Slot::NoKv(NoKvReason::LinearAttention) })
+                Ok(if (i + 1) % every == 0 {
+                    Slot::Full
+                } else {
+                    Slot::NoKv(NoKvReason::LinearAttention)
+                })
             }))
         }
         Family::Jamba => {
-            let period = sec.nonzero("attn_layer_period", sec.u32_opt("attn_layer_period")?.unwrap_or(8))?;
+            let period = sec.nonzero(
+                "attn_layer_period",
+                sec.u32_opt("attn_layer_period")?.unwrap_or(8),
+            )?;
             let offset = sec.u32_opt("attn_layer_offset")?.unwrap_or(4);
             if offset >= period {
                 return Err(ConfigError::InvalidKey {
@@ -352,7 +427,13 @@ fn layer_slots<'a>(
                     reason: format!("{offset} is not below attn_layer_period {period}"),
                 });
             }
-            Box::new((0..layers).map(move |i| Ok(if i % period == offset { uniform } else { Slot::NoKv(NoKvReason::Mamba) })))
+            Box::new((0..layers).map(move |i| {
+                Ok(if i % period == offset {
+                    uniform
+                } else {
+                    Slot::NoKv(NoKvReason::Mamba)
+                })
+            }))
         }
         Family::Qwen2 => {
             let from = sec.u32_opt("max_window_layers")?.unwrap_or(0);
@@ -377,11 +458,23 @@ mod tests {
     fn errors_name_the_key() {
         assert!(matches!(err("[]"), ConfigError::InvalidJson(_)));
         assert!(matches!(err("{"), ConfigError::InvalidJson(_)));
-        assert_eq!(err("{}"), ConfigError::MissingKey { key: "model_type".into(), model_type: "unknown".into() });
-        assert!(matches!(err(r#"{"model_type":"bert"}"#), ConfigError::UnsupportedArchitecture { .. }));
+        assert_eq!(
+            err("{}"),
+            ConfigError::MissingKey {
+                key: "model_type".into(),
+                model_type: "unknown".into()
+            }
+        );
+        assert!(matches!(
+            err(r#"{"model_type":"bert"}"#),
+            ConfigError::UnsupportedArchitecture { .. }
+        ));
         assert_eq!(
             err(r#"{"model_type":"gemma3","text_config":{"num_key_value_heads":8}}"#),
-            ConfigError::MissingKey { key: "text_config.num_hidden_layers".into(), model_type: "gemma3".into() }
+            ConfigError::MissingKey {
+                key: "text_config.num_hidden_layers".into(),
+                model_type: "gemma3".into()
+            }
         );
         assert!(matches!(
             err(r#"{"model_type":"llama","num_hidden_layers":2,"num_attention_heads":3,"hidden_size":100}"#),

@@ -14,7 +14,8 @@
 //! - MLA latent cache (DeepSeek-V2/V3): `kv_lora_rank + qk_rope_head_dim` elements, no factor of 2 (one
 //!   latent per token shared by all heads; `num_key_value_heads` plays no part);
 //! - linear attention, Mamba, and layers that reuse another layer's cache: nothing per token (vLLM gives a
-//!   shared-KV layer no cache of its own; recurrent state is a fixed size, outside the per-token pool).
+//!   shared-KV layer no cache of its own; a recurrent state has a fixed size per sequence, whatever its
+//!   length).
 //!
 //! A sequence of `t` tokens holds `t` tokens in a full or MLA layer and `min(t, window)` in a sliding layer,
 //! so [`ModelSpec::kv_bytes`] is
@@ -40,11 +41,12 @@
 //! - **Tensor parallelism**: each GPU holds `kv_heads / tp` heads of every layer and the same number of
 //!   blocks; an MLA latent is replicated on every GPU.
 //!
-//! Two details of vLLM are deliberately not modelled, both small: its sliding-window manager frees a block
+//! Three details of vLLM are deliberately not modelled: its sliding-window manager frees a block
 //! only once the whole block has left the window, so a sliding layer can hold one block more than
 //! `ceil(window / block_size)` while the window start is not block-aligned; and its hybrid allocator groups
 //! layers of different kinds into equal-sized groups, which can pad the count of one kind (Gemma 3 27B's 52
-//! sliding layers are stored as 6 groups of 10).
+//! sliding layers are stored as 6 groups of 10); and for hybrid models (Qwen3-Next, Jamba) it takes each
+//! sequence's fixed-size recurrent state from the same pool, which this model leaves out.
 //!
 //! # Examples
 //!
@@ -65,7 +67,6 @@
 mod dtype;
 mod gpu;
 #[cfg(feature = "hf-config")]
-#[cfg_attr(docsrs, doc(cfg(feature = "hf-config")))]
 mod hf;
 mod presets;
 mod spec;

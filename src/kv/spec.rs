@@ -61,10 +61,17 @@ impl LayerKind {
     #[must_use]
     pub const fn elements_per_token(&self) -> u64 {
         match *self {
-            LayerKind::Full { kv_heads, k_head_dim, v_head_dim }
-            | LayerKind::Sliding { kv_heads, k_head_dim, v_head_dim, .. } => {
-                (kv_heads as u64).saturating_mul(k_head_dim as u64 + v_head_dim as u64)
+            LayerKind::Full {
+                kv_heads,
+                k_head_dim,
+                v_head_dim,
             }
+            | LayerKind::Sliding {
+                kv_heads,
+                k_head_dim,
+                v_head_dim,
+                ..
+            } => (kv_heads as u64).saturating_mul(k_head_dim as u64 + v_head_dim as u64),
             LayerKind::Mla { latent_dim } => latent_dim as u64,
             LayerKind::NoKv(_) => 0,
         }
@@ -92,9 +99,16 @@ impl LayerKind {
     #[must_use]
     pub const fn as_full(&self) -> LayerKind {
         match *self {
-            LayerKind::Sliding { kv_heads, k_head_dim, v_head_dim, .. } => {
-                LayerKind::Full { kv_heads, k_head_dim, v_head_dim }
-            }
+            LayerKind::Sliding {
+                kv_heads,
+                k_head_dim,
+                v_head_dim,
+                ..
+            } => LayerKind::Full {
+                kv_heads,
+                k_head_dim,
+                v_head_dim,
+            },
             other => other,
         }
     }
@@ -102,8 +116,17 @@ impl LayerKind {
     fn validate(&self) -> Result<(), ConfigError> {
         let zero = |what| Err(ConfigError::Zero { what });
         match *self {
-            LayerKind::Full { kv_heads, k_head_dim, v_head_dim }
-            | LayerKind::Sliding { kv_heads, k_head_dim, v_head_dim, .. } => {
+            LayerKind::Full {
+                kv_heads,
+                k_head_dim,
+                v_head_dim,
+            }
+            | LayerKind::Sliding {
+                kv_heads,
+                k_head_dim,
+                v_head_dim,
+                ..
+            } => {
                 if kv_heads == 0 {
                     return zero("kv_heads");
                 }
@@ -127,10 +150,22 @@ impl LayerKind {
 impl fmt::Display for LayerKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
-            LayerKind::Full { kv_heads, k_head_dim, v_head_dim } => {
-                write!(f, "full attention, {kv_heads} KV heads x (K {k_head_dim} + V {v_head_dim})")
+            LayerKind::Full {
+                kv_heads,
+                k_head_dim,
+                v_head_dim,
+            } => {
+                write!(
+                    f,
+                    "full attention, {kv_heads} KV heads x (K {k_head_dim} + V {v_head_dim})"
+                )
             }
-            LayerKind::Sliding { kv_heads, k_head_dim, v_head_dim, window } => write!(
+            LayerKind::Sliding {
+                kv_heads,
+                k_head_dim,
+                v_head_dim,
+                window,
+            } => write!(
                 f,
                 "sliding window {window}, {kv_heads} KV heads x (K {k_head_dim} + V {v_head_dim})"
             ),
@@ -194,7 +229,11 @@ impl ModelSpec {
     /// Starts a hand-built spec called `name`.
     #[must_use]
     pub fn builder(name: impl Into<String>) -> ModelSpecBuilder {
-        ModelSpecBuilder { name: name.into(), groups: Vec::new(), params: None }
+        ModelSpecBuilder {
+            name: name.into(),
+            groups: Vec::new(),
+            params: None,
+        }
     }
 
     /// The model's name (a preset name, the `model_type` of a parsed config, or what the builder was given).
@@ -240,7 +279,11 @@ impl ModelSpec {
     }
 
     fn count(&self, pred: impl Fn(&LayerKind) -> bool) -> u32 {
-        self.groups.iter().filter(|g| pred(&g.kind)).map(|g| g.layers).sum()
+        self.groups
+            .iter()
+            .filter(|g| pred(&g.kind))
+            .map(|g| g.layers)
+            .sum()
     }
 
     /// The parameter count, when known (presets know it; parsed configs do not), for sizing weights.
@@ -284,7 +327,11 @@ impl ModelSpec {
     #[must_use]
     pub fn kv_bytes_paged(&self, tokens: u64, dtype: KvDtype, block_size: u32) -> u64 {
         let block = u64::from(block_size.max(1));
-        self.sum(dtype, |kind| kind.tokens_held(tokens).div_ceil(block).saturating_mul(block))
+        self.sum(dtype, |kind| {
+            kind.tokens_held(tokens)
+                .div_ceil(block)
+                .saturating_mul(block)
+        })
     }
 
     /// The widely shared estimate: every attention layer treated as full attention (sliding windows
@@ -307,14 +354,25 @@ impl ModelSpec {
     /// hold a cache. This is `kv_bytes(1, dtype)`, and the naive estimate's bytes per token.
     #[must_use]
     pub fn bytes_per_token(&self, dtype: KvDtype) -> u64 {
-        self.sum(dtype, |kind| if matches!(kind, LayerKind::NoKv(_)) { 0 } else { 1 })
+        self.sum(dtype, |kind| {
+            if matches!(kind, LayerKind::NoKv(_)) {
+                0
+            } else {
+                1
+            }
+        })
     }
 
     /// Bytes each token adds once the sequence is longer than every window: the sum over full-attention
     /// and MLA layers only.
     #[must_use]
     pub fn bytes_per_token_past_windows(&self, dtype: KvDtype) -> u64 {
-        self.sum(dtype, |kind| u64::from(matches!(kind, LayerKind::Full { .. } | LayerKind::Mla { .. })))
+        self.sum(dtype, |kind| {
+            u64::from(matches!(
+                kind,
+                LayerKind::Full { .. } | LayerKind::Mla { .. }
+            ))
+        })
     }
 
     /// Bytes of one block of `block_size` tokens across every layer holding a cache (`block_size` 0 counts
@@ -322,7 +380,8 @@ impl ModelSpec {
     /// the unit its `available_memory // page_bytes` rule divides by.
     #[must_use]
     pub fn block_bytes(&self, dtype: KvDtype, block_size: u32) -> u64 {
-        self.bytes_per_token(dtype).saturating_mul(u64::from(block_size.max(1)))
+        self.bytes_per_token(dtype)
+            .saturating_mul(u64::from(block_size.max(1)))
     }
 
     /// Sum over groups of `layers * tokens(kind) * elements_per_token(kind) * dtype bytes`, saturating.
@@ -330,18 +389,21 @@ impl ModelSpec {
     fn sum(&self, dtype: KvDtype, tokens: impl Fn(&LayerKind) -> u64) -> u64 {
         self.groups.iter().fold(0u64, |acc, g| {
             let per_layer = g.kind.elements_per_token().saturating_mul(dtype.bytes());
-            let bytes = per_layer.saturating_mul(u64::from(g.layers)).saturating_mul(tokens(&g.kind));
+            let bytes = per_layer
+                .saturating_mul(u64::from(g.layers))
+                .saturating_mul(tokens(&g.kind));
             acc.saturating_add(bytes)
         })
     }
 
     /// The share of this model one GPU holds under tensor parallelism of degree `tp`: KV heads of full and
-    /// sliding layers are split across the GPUs; an MLA latent is replicated on every GPU (as vLLM does).
+    /// sliding layers are split across the GPUs (`kv_heads / tp` each; one head each, replicated, when `tp` is
+    /// a multiple of `kv_heads`); an MLA latent is replicated on every GPU. These are vLLM's rules.
     ///
     /// # Errors
     ///
-    /// [`ConfigError::Zero`] for `tp == 0`; [`ConfigError::Conflict`] when `tp` does not divide the KV heads
-    /// of some layer group.
+    /// [`ConfigError::Zero`] for `tp == 0`; [`ConfigError::Conflict`] when `tp` neither divides nor is a
+    /// multiple of the KV heads of some layer group.
     ///
     /// # Examples
     ///
@@ -351,11 +413,15 @@ impl ModelSpec {
     /// let shard = spec.tensor_parallel_shard(4)?;
     /// assert_eq!(shard.bytes_per_token(KvDtype::Bf16) * 4, spec.bytes_per_token(KvDtype::Bf16));
     /// assert!(spec.tensor_parallel_shard(3).is_err()); // 8 KV heads
+    /// // 16 GPUs: one of the 8 heads on each, every head on two GPUs.
+    /// assert_eq!(spec.tensor_parallel_shard(16)?.bytes_per_token(KvDtype::Bf16) * 8, spec.bytes_per_token(KvDtype::Bf16));
     /// # Ok::<(), kvgate::ConfigError>(())
     /// ```
     pub fn tensor_parallel_shard(&self, tp: u32) -> Result<ModelSpec, ConfigError> {
         if tp == 0 {
-            return Err(ConfigError::Zero { what: "tensor-parallel degree" });
+            return Err(ConfigError::Zero {
+                what: "tensor-parallel degree",
+            });
         }
         let mut shard = self.clone();
         for group in &mut shard.groups {
@@ -363,14 +429,18 @@ impl ModelSpec {
                 LayerKind::Full { kv_heads, .. } | LayerKind::Sliding { kv_heads, .. } => kv_heads,
                 LayerKind::Mla { .. } | LayerKind::NoKv(_) => continue,
             };
-            if *heads % tp != 0 {
+            if *heads % tp == 0 {
+                *heads /= tp;
+            } else if tp % *heads == 0 {
+                // More GPUs than KV heads: each GPU holds one head, replicated tp / heads times.
+                *heads = 1;
+            } else {
                 return Err(ConfigError::Conflict(format!(
-                    "tensor-parallel degree {tp} does not divide the {heads} KV heads of {}; \
-                     use a degree that divides {heads}",
+                    "tensor-parallel degree {tp} neither divides nor is a multiple of the {heads} KV heads of \
+                     {}; use a degree that divides {heads} or a multiple of it",
                     self.name
                 )));
             }
-            *heads /= tp;
         }
         Ok(shard)
     }
@@ -400,7 +470,14 @@ impl ModelSpecBuilder {
     /// Adds `layers` full-attention layers with `kv_heads` heads of `head_dim` (keys and values alike).
     #[must_use]
     pub fn full(self, layers: u32, kv_heads: u32, head_dim: u32) -> Self {
-        self.group(layers, LayerKind::Full { kv_heads, k_head_dim: head_dim, v_head_dim: head_dim })
+        self.group(
+            layers,
+            LayerKind::Full {
+                kv_heads,
+                k_head_dim: head_dim,
+                v_head_dim: head_dim,
+            },
+        )
     }
 
     /// Adds `layers` sliding-window layers keeping the last `window` tokens.
@@ -408,7 +485,12 @@ impl ModelSpecBuilder {
     pub fn sliding(self, layers: u32, kv_heads: u32, head_dim: u32, window: u32) -> Self {
         self.group(
             layers,
-            LayerKind::Sliding { kv_heads, k_head_dim: head_dim, v_head_dim: head_dim, window },
+            LayerKind::Sliding {
+                kv_heads,
+                k_head_dim: head_dim,
+                v_head_dim: head_dim,
+                window,
+            },
         )
     }
 
@@ -450,12 +532,23 @@ impl ModelSpecBuilder {
         let mut per_token: u64 = 0;
         for g in &self.groups {
             if g.layers == 0 {
-                return Err(ConfigError::Zero { what: "layers in a group" });
+                return Err(ConfigError::Zero {
+                    what: "layers in a group",
+                });
             }
             g.kind.validate()?;
             let bytes = match g.kind {
-                LayerKind::Full { kv_heads, k_head_dim, v_head_dim }
-                | LayerKind::Sliding { kv_heads, k_head_dim, v_head_dim, .. } => u64::from(k_head_dim)
+                LayerKind::Full {
+                    kv_heads,
+                    k_head_dim,
+                    v_head_dim,
+                }
+                | LayerKind::Sliding {
+                    kv_heads,
+                    k_head_dim,
+                    v_head_dim,
+                    ..
+                } => u64::from(k_head_dim)
                     .checked_add(u64::from(v_head_dim))
                     .and_then(|d| d.checked_mul(u64::from(kv_heads))),
                 LayerKind::Mla { latent_dim } => Some(u64::from(latent_dim)),
@@ -474,9 +567,15 @@ impl ModelSpecBuilder {
             })?;
         }
         if per_token == 0 {
-            return Err(ConfigError::Zero { what: "layers holding a KV cache" });
+            return Err(ConfigError::Zero {
+                what: "layers holding a KV cache",
+            });
         }
-        Ok(ModelSpec { name: self.name, groups: self.groups, params: self.params })
+        Ok(ModelSpec {
+            name: self.name,
+            groups: self.groups,
+            params: self.params,
+        })
     }
 }
 
@@ -494,19 +593,31 @@ mod tests {
             .build()
             .unwrap();
         assert_eq!(spec.groups().len(), 3);
-        assert_eq!((spec.sliding_layers(), spec.full_layers(), spec.no_kv_layers()), (10, 1, 2));
+        assert_eq!(
+            (
+                spec.sliding_layers(),
+                spec.full_layers(),
+                spec.no_kv_layers()
+            ),
+            (10, 1, 2)
+        );
         assert_eq!(spec.num_layers(), 13);
     }
 
     #[test]
     fn absurd_sizes_are_refused_and_bytes_saturate() {
-        let too_big = ModelSpec::builder("x").full(u32::MAX, u32::MAX, u32::MAX).build();
+        let too_big = ModelSpec::builder("x")
+            .full(u32::MAX, u32::MAX, u32::MAX)
+            .build();
         assert!(matches!(too_big, Err(ConfigError::OutOfRange { .. })));
         let spec = ModelSpec::builder("x").full(1, 1, 1).build().unwrap();
         assert_eq!(spec.kv_bytes(u64::MAX, KvDtype::F32), u64::MAX);
         assert_eq!(spec.kv_bytes_paged(u64::MAX, KvDtype::Fp8, 16), u64::MAX);
         assert_eq!(spec.kv_bytes_paged(10, KvDtype::Fp8, 0), 20);
-        assert!(matches!(ModelSpec::builder("x").no_kv(3, NoKvReason::Mamba).build(), Err(ConfigError::Zero { .. })));
+        assert!(matches!(
+            ModelSpec::builder("x").no_kv(3, NoKvReason::Mamba).build(),
+            Err(ConfigError::Zero { .. })
+        ));
     }
 
     #[test]
