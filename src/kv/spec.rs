@@ -57,9 +57,9 @@ pub enum LayerKind {
 }
 
 impl LayerKind {
-    /// Elements one token occupies in one layer of this kind (0 for [`LayerKind::NoKv`]), saturating.
+    /// `(kv_heads, k_head_dim, v_head_dim)` of a full or sliding layer; `None` for MLA and no-cache layers.
     #[must_use]
-    pub const fn elements_per_token(&self) -> u64 {
+    pub const fn attention_dims(&self) -> Option<(u32, u32, u32)> {
         match *self {
             LayerKind::Full {
                 kv_heads,
@@ -71,9 +71,19 @@ impl LayerKind {
                 k_head_dim,
                 v_head_dim,
                 ..
-            } => (kv_heads as u64).saturating_mul(k_head_dim as u64 + v_head_dim as u64),
-            LayerKind::Mla { latent_dim } => latent_dim as u64,
-            LayerKind::NoKv(_) => 0,
+            } => Some((kv_heads, k_head_dim, v_head_dim)),
+            LayerKind::Mla { .. } | LayerKind::NoKv(_) => None,
+        }
+    }
+
+    /// Elements one token occupies in one layer of this kind (0 for [`LayerKind::NoKv`]), saturating at
+    /// `u64::MAX`.
+    #[must_use]
+    pub const fn elements_per_token(&self) -> u64 {
+        match (self.attention_dims(), *self) {
+            (Some((heads, k, v)), _) => (heads as u64).saturating_mul(k as u64 + v as u64),
+            (None, LayerKind::Mla { latent_dim }) => latent_dim as u64,
+            (None, _) => 0,
         }
     }
 
@@ -115,34 +125,18 @@ impl LayerKind {
 
     fn validate(&self) -> Result<(), ConfigError> {
         let zero = |what| Err(ConfigError::Zero { what });
+        if let Some((heads, k, v)) = self.attention_dims() {
+            match (heads, k, v) {
+                (0, _, _) => return zero("kv_heads"),
+                (_, 0, _) => return zero("k_head_dim"),
+                (_, _, 0) => return zero("v_head_dim"),
+                _ => {}
+            }
+        }
         match *self {
-            LayerKind::Full {
-                kv_heads,
-                k_head_dim,
-                v_head_dim,
-            }
-            | LayerKind::Sliding {
-                kv_heads,
-                k_head_dim,
-                v_head_dim,
-                ..
-            } => {
-                if kv_heads == 0 {
-                    return zero("kv_heads");
-                }
-                if k_head_dim == 0 {
-                    return zero("k_head_dim");
-                }
-                if v_head_dim == 0 {
-                    return zero("v_head_dim");
-                }
-                if let LayerKind::Sliding { window: 0, .. } = self {
-                    return zero("sliding window");
-                }
-                Ok(())
-            }
+            LayerKind::Sliding { window: 0, .. } => zero("sliding window"),
             LayerKind::Mla { latent_dim: 0 } => zero("MLA latent_dim"),
-            LayerKind::Mla { .. } | LayerKind::NoKv(_) => Ok(()),
+            _ => Ok(()),
         }
     }
 }
@@ -537,25 +531,12 @@ impl ModelSpecBuilder {
                 });
             }
             g.kind.validate()?;
-            let bytes = match g.kind {
-                LayerKind::Full {
-                    kv_heads,
-                    k_head_dim,
-                    v_head_dim,
-                }
-                | LayerKind::Sliding {
-                    kv_heads,
-                    k_head_dim,
-                    v_head_dim,
-                    ..
-                } => u64::from(k_head_dim)
-                    .checked_add(u64::from(v_head_dim))
-                    .and_then(|d| d.checked_mul(u64::from(kv_heads))),
-                LayerKind::Mla { latent_dim } => Some(u64::from(latent_dim)),
-                LayerKind::NoKv(_) => Some(0),
-            }
-            .and_then(|e| e.checked_mul(KvDtype::F32.bytes()))
-            .and_then(|b| b.checked_mul(u64::from(g.layers)));
+            // A saturated element count (u64::MAX) fails the first multiplication, so overflow is caught.
+            let bytes = g
+                .kind
+                .elements_per_token()
+                .checked_mul(KvDtype::F32.bytes())
+                .and_then(|b| b.checked_mul(u64::from(g.layers)));
             per_token = bytes.and_then(|b| per_token.checked_add(b)).ok_or_else(|| {
                 ConfigError::OutOfRange {
                     what: "model size",
