@@ -132,7 +132,8 @@ impl ModelSpec {
     /// [`ConfigError`] naming the key. Rules, per family (`i` is the 0-based layer index):
     ///
     /// - **Text model**: when the file has a `text_config` object (multimodal Gemma 3/4, Qwen3.5), that
-    ///   object is the model; `vision_config` / `audio_config` are ignored.
+    ///   object is the model; `vision_config` / `audio_config` are ignored. The family is the root's
+    ///   `model_type`, or else `text_config.model_type` (a `_text` suffix is accepted).
     /// - **Head size**: `head_dim` when present and not null; otherwise 256 for Gemma 1/2/3 (their config
     ///   classes' default); otherwise `hidden_size / num_attention_heads` (which must divide).
     /// - **KV heads**: `num_key_value_heads`; when absent, `num_attention_heads` (multi-head attention, the
@@ -222,16 +223,26 @@ impl ModelSpec {
                 });
             }
         };
-        let base = top_type.strip_suffix("_text").unwrap_or(top_type);
-        let family = MODEL_TYPES
-            .iter()
-            .find(|(name, _)| *name == base)
-            .map(|&(_, f)| f)
+        // The root's model_type decides; a wrapper the parser does not know (a vision-language model) may
+        // still nest a known text model, named by `text_config.model_type`.
+        let inner_type = sec.obj.get("model_type").and_then(Value::as_str);
+        let family = [Some(top_type), inner_type]
+            .into_iter()
+            .flatten()
+            .find_map(family_of)
             .ok_or_else(|| ConfigError::UnsupportedArchitecture {
                 model_type: top_type.to_owned(),
             })?;
         parse(&sec, family)
     }
+}
+
+fn family_of(model_type: &str) -> Option<Family> {
+    let base = model_type.strip_suffix("_text").unwrap_or(model_type);
+    MODEL_TYPES
+        .iter()
+        .find(|(name, _)| *name == base)
+        .map(|&(_, f)| f)
 }
 
 fn parse(sec: &Section<'_>, family: Family) -> Result<ModelSpec, ConfigError> {
@@ -488,6 +499,14 @@ mod tests {
             err(r#"{"model_type":"gpt_oss","num_hidden_layers":2,"num_key_value_heads":1,"head_dim":4,"layer_types":["full_attention"]}"#),
             ConfigError::InvalidKey { key, .. } if key == "layer_types"
         ));
+    }
+
+    #[test]
+    fn unknown_wrapper_around_a_known_text_model() {
+        let json = r#"{"model_type":"llava","text_config":{"model_type":"llama","num_hidden_layers":2,
+                       "num_attention_heads":4,"num_key_value_heads":2,"hidden_size":256}}"#;
+        let spec = ModelSpec::from_hf_config(json).unwrap();
+        assert_eq!((spec.full_layers(), spec.name()), (2, "llava"));
     }
 
     #[test]
