@@ -6,6 +6,7 @@
 
 pub mod clock;
 mod error;
+pub mod kv;
 pub(crate) mod sync;
 
 pub use error::ConfigError;

@@ -1,0 +1,307 @@
+//! Properties of the KV-memory model over random layer layouts, and a parser that never panics.
+
+use kvgate::kv::{KvDtype, LayerKind, ModelSpec, NoKvReason};
+use proptest::prelude::*;
+
+fn kind() -> impl Strategy<Value = LayerKind> {
+    prop_oneof![
+        (1u32..=64, 1u32..=512, 1u32..=512).prop_map(|(kv_heads, k_head_dim, v_head_dim)| {
+            LayerKind::Full {
+                kv_heads,
+                k_head_dim,
+                v_head_dim,
+            }
+        }),
+        (1u32..=64, 1u32..=512, 1u32..=512, 1u32..=200_000).prop_map(|(kv_heads, k, v, window)| {
+            LayerKind::Sliding {
+                kv_heads,
+                k_head_dim: k,
+                v_head_dim: v,
+                window,
+            }
+        }),
+        (1u32..=2048).prop_map(|latent_dim| LayerKind::Mla { latent_dim }),
+        Just(LayerKind::NoKv(NoKvReason::LinearAttention)),
+    ]
+}
+
+/// A spec of 1 to 5 groups with at least one layer holding a cache.
+fn spec() -> impl Strategy<Value = ModelSpec> {
+    (
+        prop::collection::vec((1u32..=128, kind()), 1..=5),
+        1u32..=64,
+        1u32..=64,
+    )
+        .prop_map(|(groups, kv, dim)| {
+            groups
+                .into_iter()
+                .fold(
+                    ModelSpec::builder("random").full(1, kv, dim),
+                    |b, (layers, kind)| b.group(layers, kind),
+                )
+                .build()
+                .expect("valid by construction")
+        })
+}
+
+fn max_window(spec: &ModelSpec) -> u64 {
+    spec.groups()
+        .iter()
+        .filter_map(|g| match g.kind() {
+            LayerKind::Sliding { window, .. } => Some(u64::from(window)),
+            _ => None,
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+const TOKENS: u64 = 10_000_000;
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn kv_bytes_is_monotone(spec in spec(), t in 0..TOKENS, d in 0..TOKENS, dtype in prop::sample::select(KvDtype::ALL.to_vec())) {
+        prop_assert!(spec.kv_bytes(t, dtype) <= spec.kv_bytes(t + d, dtype));
+        prop_assert!(spec.kv_bytes_naive(t, dtype) <= spec.kv_bytes_naive(t + d, dtype));
+    }
+
+    #[test]
+    fn monotone_and_panic_free_up_to_saturation(spec in spec(), t in any::<u64>(), d in any::<u64>(), block in any::<u32>()) {
+        let u = t.saturating_add(d);
+        prop_assert!(spec.kv_bytes(t, KvDtype::F32) <= spec.kv_bytes(u, KvDtype::F32));
+        prop_assert!(spec.kv_bytes_paged(t, KvDtype::F32, block) >= spec.kv_bytes(t, KvDtype::F32));
+        prop_assert!(spec.kv_bytes_naive(t, KvDtype::F32) >= spec.kv_bytes(t, KvDtype::F32));
+    }
+
+    #[test]
+    fn paged_covers_real_by_less_than_a_block_per_layer(spec in spec(), t in 0..TOKENS, block in 1u32..=512) {
+        let real = spec.kv_bytes(t, KvDtype::Bf16);
+        let paged = spec.kv_bytes_paged(t, KvDtype::Bf16, block);
+        prop_assert!(paged >= real);
+        // Each layer wastes at most block - 1 token slots.
+        prop_assert!(paged - real <= spec.bytes_per_token(KvDtype::Bf16) * u64::from(block - 1));
+        // With t and every window a whole number of blocks, nothing is rounded.
+        let aligned = t % u64::from(block) == 0
+            && spec.groups().iter().all(|g| match g.kind() {
+                LayerKind::Sliding { window, .. } => window % block == 0,
+                _ => true,
+            });
+        if aligned {
+            prop_assert_eq!(paged, real);
+        }
+    }
+
+    #[test]
+    fn sliding_layers_stop_growing_past_the_window(spec in spec(), extra in 0..TOKENS, d in 0..TOKENS) {
+        // Past every window only full and MLA layers grow, at bytes_per_token_past_windows per token.
+        let t = max_window(&spec) + extra;
+        let grow = spec.kv_bytes(t + d, KvDtype::Bf16) - spec.kv_bytes(t, KvDtype::Bf16);
+        prop_assert_eq!(grow, d * spec.bytes_per_token_past_windows(KvDtype::Bf16));
+        // A model of sliding layers only stops growing altogether.
+        let sliding_only = ModelSpec::builder("s").sliding(4, 8, 128, 1000).build().unwrap();
+        prop_assert_eq!(sliding_only.kv_bytes(1000 + extra, KvDtype::Bf16), sliding_only.kv_bytes(1000, KvDtype::Bf16));
+    }
+
+    #[test]
+    fn fp8_is_half_of_bf16(spec in spec(), t in 0..TOKENS, block in 1u32..=256) {
+        prop_assert_eq!(spec.kv_bytes(t, KvDtype::Fp8) * 2, spec.kv_bytes(t, KvDtype::Bf16));
+        prop_assert_eq!(spec.kv_bytes_paged(t, KvDtype::Fp8, block) * 2, spec.kv_bytes_paged(t, KvDtype::Bf16, block));
+        prop_assert_eq!(spec.kv_bytes(t, KvDtype::F16), spec.kv_bytes(t, KvDtype::Bf16));
+        prop_assert_eq!(spec.kv_bytes(t, KvDtype::F32), 2 * spec.kv_bytes(t, KvDtype::Bf16));
+    }
+
+    #[test]
+    fn naive_is_at_least_real_and_equal_below_every_window(spec in spec(), t in 0..TOKENS) {
+        prop_assert!(spec.kv_bytes_naive(t, KvDtype::Bf16) >= spec.kv_bytes(t, KvDtype::Bf16));
+        let below = t.min(spec.groups().iter().filter_map(|g| match g.kind() {
+            LayerKind::Sliding { window, .. } => Some(u64::from(window)),
+            _ => None,
+        }).min().unwrap_or(u64::MAX));
+        prop_assert_eq!(spec.kv_bytes_naive(below, KvDtype::Bf16), spec.kv_bytes(below, KvDtype::Bf16));
+        prop_assert_eq!(spec.kv_bytes(below, KvDtype::Bf16), below * spec.bytes_per_token(KvDtype::Bf16));
+    }
+}
+
+#[cfg(feature = "hf-config")]
+mod parser {
+    use super::*;
+    use serde_json::{Map, Value, json};
+
+    fn value() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::from),
+            any::<u64>().prop_map(Value::from),
+            any::<f64>()
+                .prop_map(|f| serde_json::Number::from_f64(f).map_or(Value::Null, Value::Number)),
+            prop::sample::select(KEYS.to_vec()).prop_map(|s| Value::String(s.to_owned())),
+            ".{0,12}".prop_map(Value::String),
+        ];
+        leaf.prop_recursive(4, 64, 8, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..8).prop_map(Value::Array),
+                prop::collection::vec((key(), inner), 0..8)
+                    .prop_map(|kv| Value::Object(kv.into_iter().collect::<Map<_, _>>())),
+            ]
+        })
+    }
+
+    /// Keys and values the parser reads, so random objects reach deep into it.
+    const KEYS: &[&str] = &[
+        "model_type",
+        "text_config",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "hidden_size",
+        "head_dim",
+        "sliding_window",
+        "use_sliding_window",
+        "layer_types",
+        "max_window_layers",
+        "sliding_window_pattern",
+        "full_attention_interval",
+        "attn_layer_period",
+        "attn_layer_offset",
+        "kv_lora_rank",
+        "qk_rope_head_dim",
+        "global_head_dim",
+        "num_global_key_value_heads",
+        "num_kv_shared_layers",
+        "llama",
+        "gemma3",
+        "gemma4",
+        "qwen3_next",
+        "deepseek_v3",
+        "jamba",
+        "gpt_oss",
+        "qwen2",
+        "mistral",
+        "gemma2",
+        "full_attention",
+        "sliding_attention",
+        "linear_attention",
+        "mamba",
+    ];
+
+    fn key() -> impl Strategy<Value = String> {
+        prop_oneof![
+            prop::sample::select(KEYS.to_vec()).prop_map(str::to_owned),
+            ".{0,8}"
+        ]
+    }
+
+    fn interesting() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            Just(Value::Null),
+            Just(json!(0)),
+            Just(json!(-1)),
+            Just(json!(1)),
+            Just(json!(3)),
+            Just(json!(u64::from(u32::MAX))),
+            Just(json!(u64::from(u32::MAX) + 1)),
+            Just(json!(u64::MAX)),
+            Just(json!(1e300)),
+            Just(json!(2.5)),
+            Just(json!("sliding_attention")),
+            Just(json!(["full_attention", "bogus"])),
+            Just(json!({})),
+            Just(json!(true)),
+            value(),
+        ]
+    }
+
+    fn bases() -> Vec<Value> {
+        vec![
+            json!({"model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32,
+                   "num_hidden_layers": 32, "num_key_value_heads": 8}),
+            json!({"model_type": "gemma3", "text_config": {"head_dim": 128, "hidden_size": 5376,
+                   "num_attention_heads": 32, "num_hidden_layers": 62, "num_key_value_heads": 16,
+                   "sliding_window": 1024}, "vision_config": {"num_hidden_layers": 27}}),
+            json!({"model_type": "gpt_oss", "head_dim": 64, "num_hidden_layers": 4, "num_attention_heads": 64,
+                   "num_key_value_heads": 8, "sliding_window": 128,
+                   "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]}),
+            json!({"model_type": "deepseek_v3", "num_hidden_layers": 61, "kv_lora_rank": 512,
+                   "qk_rope_head_dim": 64, "num_key_value_heads": 128}),
+            json!({"model_type": "qwen3_next", "num_hidden_layers": 48, "full_attention_interval": 4,
+                   "head_dim": 256, "num_key_value_heads": 2, "num_attention_heads": 16}),
+            json!({"model_type": "gemma4", "text_config": {"num_hidden_layers": 2, "num_key_value_heads": 8,
+                   "head_dim": 256, "global_head_dim": 512, "num_global_key_value_heads": 2,
+                   "num_kv_shared_layers": 1, "sliding_window": 1024,
+                   "layer_types": ["sliding_attention", "full_attention"]}}),
+            json!({"model_type": "jamba", "num_hidden_layers": 32, "num_attention_heads": 32,
+                   "num_key_value_heads": 8, "hidden_size": 4096, "attn_layer_period": 8, "attn_layer_offset": 4}),
+            json!({"model_type": "qwen2", "num_hidden_layers": 28, "num_attention_heads": 28,
+                   "num_key_value_heads": 4, "hidden_size": 3584, "sliding_window": 131072,
+                   "use_sliding_window": true, "max_window_layers": 21}),
+        ]
+    }
+
+    /// Sets, replaces or removes `key` in the object at the root or under `text_config`.
+    fn mutate(mut config: Value, nested: bool, key: &str, new: Option<Value>) -> Value {
+        let target = match config.get_mut("text_config") {
+            Some(Value::Object(obj)) if nested => obj,
+            _ => config.as_object_mut().expect("bases are objects"),
+        };
+        match new {
+            Some(v) => {
+                target.insert(key.to_owned(), v);
+            }
+            None => {
+                target.remove(key);
+            }
+        }
+        config
+    }
+
+    fn sane(json: &str) {
+        if let Ok(spec) = ModelSpec::from_hf_config(json) {
+            assert!(spec.num_layers() > 0);
+            assert!(spec.bytes_per_token(KvDtype::Bf16) > 0);
+            let _ = spec.kv_bytes_paged(u64::MAX, KvDtype::F32, 16);
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        #[test]
+        fn parser_never_panics_on_arbitrary_json(v in value()) {
+            sane(&v.to_string());
+        }
+
+        #[test]
+        fn parser_never_panics_on_arbitrary_objects(fields in prop::collection::vec((key(), interesting()), 0..12)) {
+            let obj: Map<String, Value> = fields.into_iter().collect();
+            sane(&Value::Object(obj).to_string());
+        }
+
+        #[test]
+        fn parser_never_panics_on_mutated_configs(
+            base in prop::sample::select(bases()),
+            edits in prop::collection::vec((any::<bool>(), key(), prop::option::weighted(0.8, interesting())), 1..4),
+        ) {
+            let mut config = base;
+            for (nested, key, new) in edits {
+                config = mutate(config, nested, &key, new);
+            }
+            sane(&config.to_string());
+        }
+
+        #[test]
+        fn parser_never_panics_on_truncated_text(base in prop::sample::select(bases()), cut in 0usize..400) {
+            let text = base.to_string();
+            let cut = cut.min(text.len());
+            sane(&text[..cut]);
+        }
+    }
+
+    #[test]
+    fn every_base_parses() {
+        for base in bases() {
+            ModelSpec::from_hf_config(&base.to_string()).unwrap();
+        }
+    }
+}
