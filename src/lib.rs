@@ -4,15 +4,15 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs, unsafe_op_in_unsafe_fn, missing_debug_implementations)]
 
+mod admission;
+pub mod bucket;
 pub mod clock;
 mod error;
 pub mod kv;
+pub mod queue;
 pub(crate) mod sync;
 
 pub use error::ConfigError;
-pub mod bucket;
-pub mod queue;
-mod admission;
 
 pub use admission::{
     Admission, AdmissionBuilder, Admit, DEFAULT_QUEUE_CAPACITY, Limit, Permit, Priority, Rejection, RejectionCounts,

@@ -5,6 +5,7 @@ use super::{Admission, KvCost, Shared};
 use crate::bucket::TokenBucket;
 use crate::clock::{Clock, MonotonicClock};
 use crate::error::ConfigError;
+use crate::kv::{GpuPlan, KvDtype, ModelSpec};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -35,6 +36,7 @@ pub struct AdmissionBuilder<C: Clock = MonotonicClock> {
     max_in_flight: Option<usize>,
     queue_capacity: usize,
     kv_capacity: Option<u64>,
+    kv_capacity_bytes: Option<u64>,
     kv_cost: KvCost,
     request_rate: Option<(f64, u32)>,
     token_rate: Option<(f64, u64)>,
@@ -48,6 +50,7 @@ impl Default for AdmissionBuilder<MonotonicClock> {
             max_in_flight: None,
             queue_capacity: DEFAULT_QUEUE_CAPACITY,
             kv_capacity: None,
+            kv_capacity_bytes: None,
             kv_cost: KvCost::Tokens,
             request_rate: None,
             token_rate: None,
@@ -111,6 +114,7 @@ impl<C: Clock> AdmissionBuilder<C> {
             max_in_flight: self.max_in_flight,
             queue_capacity: self.queue_capacity,
             kv_capacity: self.kv_capacity,
+            kv_capacity_bytes: self.kv_capacity_bytes,
             kv_cost: self.kv_cost,
             request_rate: self.request_rate,
             token_rate: self.token_rate,
@@ -119,10 +123,56 @@ impl<C: Clock> AdmissionBuilder<C> {
         }
     }
 
-    pub(crate) fn set_kv_cost(mut self, kv_cost: KvCost, capacity: u64) -> Self {
-        self.kv_cost = kv_cost;
-        self.kv_capacity = Some(capacity);
+    /// Prices every request in KV-cache bytes instead of tokens: a request reserves
+    /// `spec.kv_bytes_paged(prompt_tokens + max_new_tokens, dtype, block_size)` — what the engine really
+    /// allocates for it, window-aware for sliding-window layers. Needs a byte budget:
+    /// [`kv_capacity_bytes`](AdmissionBuilder::kv_capacity_bytes) or
+    /// [`gpu_plan`](AdmissionBuilder::gpu_plan).
+    ///
+    /// This is what lets a sliding-window model (Gemma 2/3, gpt-oss) admit several times more
+    /// concurrent long conversations than counting every token in every layer would.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use kvgate::kv::{KvDtype, ModelSpec};
+    /// use kvgate::{Admission, Request};
+    ///
+    /// let gemma = ModelSpec::preset("gemma-3-27b")?;
+    /// let admission = Admission::builder()
+    ///     .kv_model(gemma.clone(), KvDtype::Bf16, 16)
+    ///     .kv_capacity_bytes(20_000_000_000) // 20 GB of KV pool
+    ///     .build()?;
+    /// let permit = admission.try_admit(&Request::new(30_000, 2_768)).unwrap();
+    /// assert_eq!(permit.kv_reserved(), gemma.kv_bytes_paged(32_768, KvDtype::Bf16, 16));
+    /// # Ok::<(), kvgate::ConfigError>(())
+    /// ```
+    pub fn kv_model(mut self, spec: ModelSpec, dtype: KvDtype, block_size: u32) -> Self {
+        self.kv_cost = KvCost::Bytes { spec: Arc::new(spec), dtype, block_size: block_size.max(1) };
         self
+    }
+
+    /// KV-cache budget in bytes, for an admission with a [`kv_model`](AdmissionBuilder::kv_model).
+    pub fn kv_capacity_bytes(mut self, bytes: u64) -> Self {
+        self.kv_capacity_bytes = Some(bytes);
+        self
+    }
+
+    /// Takes the KV model, dtype, block size and byte budget (the KV pool) from a GPU capacity plan.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use kvgate::kv::{GpuPlan, ModelSpec};
+    /// use kvgate::Admission;
+    ///
+    /// let plan = GpuPlan::builder(ModelSpec::preset("llama-3.1-8b")?).gpu("h100-80").build()?;
+    /// let admission = Admission::builder().gpu_plan(&plan).max_in_flight(256).build()?;
+    /// assert_eq!(admission.snapshot().kv_capacity, plan.kv_pool_bytes());
+    /// # Ok::<(), kvgate::ConfigError>(())
+    /// ```
+    pub fn gpu_plan(self, plan: &GpuPlan) -> Self {
+        self.kv_model(plan.model().clone(), plan.kv_dtype(), plan.block_size()).kv_capacity_bytes(plan.kv_pool_bytes())
     }
 
     /// Checks the configuration and builds the admission.
@@ -138,10 +188,30 @@ impl<C: Clock> AdmissionBuilder<C> {
             Some(n) => n as u64,
             None => u64::MAX,
         };
-        let kv_capacity = match self.kv_capacity {
-            Some(0) => return Err(ConfigError::Zero { what: "KV capacity" }),
-            Some(n) => n,
-            None => u64::MAX,
+        let kv_capacity = match (&self.kv_cost, self.kv_capacity, self.kv_capacity_bytes) {
+            (KvCost::Tokens, Some(_), Some(_)) | (KvCost::Bytes { .. }, Some(_), _) => {
+                return Err(ConfigError::Conflict(
+                    "the KV budget is set both in tokens and in bytes; with a KV model use kv_capacity_bytes \
+                     (or gpu_plan), without one kv_capacity_tokens"
+                        .into(),
+                ));
+            }
+            (KvCost::Tokens, None, Some(_)) => {
+                return Err(ConfigError::Conflict(
+                    "kv_capacity_bytes needs a KV model to price requests in bytes; add kv_model(...) or gpu_plan(...)"
+                        .into(),
+                ));
+            }
+            (KvCost::Bytes { .. }, None, None) => {
+                return Err(ConfigError::Conflict(
+                    "kv_model prices requests in bytes but no byte budget is set; add kv_capacity_bytes(...) or \
+                     gpu_plan(...)"
+                        .into(),
+                ));
+            }
+            (_, Some(0), _) | (_, _, Some(0)) => return Err(ConfigError::Zero { what: "KV capacity" }),
+            (_, Some(n), None) | (_, None, Some(n)) => n,
+            (KvCost::Tokens, None, None) => u64::MAX,
         };
         if self.queue_capacity > MAX_QUEUE_CAPACITY {
             return Err(ConfigError::OutOfRange {

@@ -36,6 +36,7 @@ use self::core::Core;
 use crate::bucket::{AcquireError, TokenBucket};
 use crate::clock::{Clock, MonotonicClock, nanos_to_duration};
 use crate::error::ConfigError;
+use crate::kv::{KvDtype, ModelSpec};
 use crate::sync::Ordering;
 use std::sync::Arc;
 use permit::Owner;
@@ -47,6 +48,8 @@ use std::time::Duration;
 pub(crate) enum KvCost {
     /// `prompt_tokens + max_new_tokens` tokens.
     Tokens,
+    /// The bytes a sequence of `prompt_tokens + max_new_tokens` tokens holds in a paged KV cache.
+    Bytes { spec: Arc<ModelSpec>, dtype: KvDtype, block_size: u32 },
 }
 
 impl KvCost {
@@ -54,6 +57,7 @@ impl KvCost {
     fn units(&self, total_tokens: u64) -> u64 {
         match self {
             KvCost::Tokens => total_tokens,
+            KvCost::Bytes { spec, dtype, block_size } => spec.kv_bytes_paged(total_tokens, *dtype, *block_size),
         }
     }
 }
@@ -274,8 +278,9 @@ impl<C: Clock> Admission<C> {
         Ok(())
     }
 
-    /// Changes the KV budget (in the admission's KV unit: tokens, or bytes with a KV model), with the same
-    /// semantics as [`set_max_in_flight`](Admission::set_max_in_flight).
+    /// Changes the KV budget in the admission's KV unit — tokens, or bytes when the admission was built
+    /// with [`kv_model`](AdmissionBuilder::kv_model) — with the same semantics as
+    /// [`set_max_in_flight`](Admission::set_max_in_flight).
     ///
     /// # Errors
     ///
@@ -287,6 +292,11 @@ impl<C: Clock> Admission<C> {
         self.shared.core.kv().set_limit(capacity);
         self.shared.core.dispatch_if_waiting();
         Ok(())
+    }
+
+    /// Whether the KV budget is counted in bytes (the admission has a KV model) rather than tokens.
+    pub fn kv_in_bytes(&self) -> bool {
+        matches!(self.shared.kv_cost, KvCost::Bytes { .. })
     }
 
     /// Changes the request rate at run time, keeping the tokens currently available (capped at the new
