@@ -1,6 +1,4 @@
-//! # kvgate
-//!
-//! In-process admission control for one GPU inference server.
+#![doc = include_str!("../README.md")]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs, unsafe_op_in_unsafe_fn, missing_debug_implementations)]
 
