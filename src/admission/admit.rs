@@ -128,7 +128,7 @@ impl Admit {
             return self.reject(rejection);
         }
         if ticket.deadline != u64::MAX {
-            core.timer().watch(&self.owner, &waiter);
+            core.watch_deadline(&self.owner, &waiter);
         }
         self.state = State::Waiting { waiter, ticket };
         Poll::Pending

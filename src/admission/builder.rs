@@ -41,6 +41,7 @@ pub struct AdmissionBuilder<C: Clock = MonotonicClock> {
     request_rate: Option<(f64, u32)>,
     token_rate: Option<(f64, u64)>,
     max_queue_wait: Option<Duration>,
+    deadline_timer: bool,
     clock: C,
 }
 
@@ -55,6 +56,7 @@ impl Default for AdmissionBuilder<MonotonicClock> {
             request_rate: None,
             token_rate: None,
             max_queue_wait: None,
+            deadline_timer: true,
             clock: MonotonicClock::new(),
         }
     }
@@ -108,6 +110,16 @@ impl<C: Clock> AdmissionBuilder<C> {
         self
     }
 
+    /// Whether a background thread (`kvgate-timer`, one per admission, alive only while deadlines are
+    /// pending) ends expired waits on its own. Default `true`. With `false`, an expired wait ends when its
+    /// future is polled or its blocking caller wakes, and on
+    /// [`Admission::expire_waiters`](crate::Admission::expire_waiters) — for simulations that drive time
+    /// themselves and want every state change on their own thread.
+    pub fn deadline_timer(mut self, enabled: bool) -> Self {
+        self.deadline_timer = enabled;
+        self
+    }
+
     /// Uses `clock` for every time-dependent limit (rates, deadlines, hold times).
     pub fn clock<C2: Clock>(self, clock: C2) -> AdmissionBuilder<C2> {
         AdmissionBuilder {
@@ -119,6 +131,7 @@ impl<C: Clock> AdmissionBuilder<C> {
             request_rate: self.request_rate,
             token_rate: self.token_rate,
             max_queue_wait: self.max_queue_wait,
+            deadline_timer: self.deadline_timer,
             clock,
         }
     }
@@ -240,7 +253,7 @@ impl<C: Clock> AdmissionBuilder<C> {
         };
         Ok(Admission {
             shared: Arc::new(Shared {
-                core: Core::new(max_in_flight, kv_capacity, self.queue_capacity),
+                core: Core::new(max_in_flight, kv_capacity, self.queue_capacity, self.deadline_timer),
                 clock: self.clock,
                 kv_cost: self.kv_cost,
                 request_rate,

@@ -23,6 +23,7 @@ use super::waiter::{CLOSED, GRANTED, WAITING, Waiter};
 use crate::Priority;
 use crate::queue::BoundedQueue;
 use crate::sync::{self, AtomicBool, AtomicU8, AtomicU64, CachePadded, Mutex, Ordering};
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -123,8 +124,9 @@ pub(crate) struct Stats {
     hold_ewma_nanos: AtomicU64,
 }
 
-/// Waiters that the dispatcher took out of a queue but could not grant yet: the head of each class.
-type Parked = [Option<Arc<Waiter>>; Priority::COUNT];
+/// Waiters the dispatcher took out of a class's ring, oldest first, not granted yet. Everything here is
+/// older than everything still in the ring, so serving this first and the ring second keeps FIFO.
+type Staged = [VecDeque<Arc<Waiter>>; Priority::COUNT];
 
 /// Clock-independent admission state shared by an `Admission`, its permits and its waiters.
 #[derive(Debug)]
@@ -133,17 +135,22 @@ pub(crate) struct Core {
     pub(crate) stats: CachePadded<Stats>,
     queue_capacity: usize,
     queues: [BoundedQueue<Arc<Waiter>>; Priority::COUNT],
-    /// Heads taken out of the queues but not granted yet; only the dispatch runner touches them (the
+    /// Waiters taken out of the rings but not granted yet; only the dispatch runner touches them (the
     /// mutex is never contended; it makes that ownership explicit).
-    parked: Mutex<Parked>,
+    staged: Mutex<Staged>,
+    /// Set by an enqueuer that found its ring full: the next pass first moves every ring's live
+    /// waiters to `staged`, dropping cancelled ones, so tombstones never keep a live waiter out.
+    compact_requested: AtomicBool,
     /// `IDLE`, `RUNNING` or `RUNNING_AGAIN`: who runs dispatch passes (see `dispatch`).
     dispatch_state: AtomicU8,
     /// Deadlines of waiters.
     timer: super::timer::Timer,
+    /// Whether a timer thread enforces deadlines on its own.
+    deadline_timer: bool,
 }
 
 impl Core {
-    pub(crate) fn new(max_in_flight: u64, kv_capacity: u64, queue_capacity: usize) -> Self {
+    pub(crate) fn new(max_in_flight: u64, kv_capacity: u64, queue_capacity: usize, deadline_timer: bool) -> Self {
         // Cancelled waiters stay in the ring until they reach its head, so the ring has room for as
         // many tombstones as live waiters before a push can fail on it.
         let ring = queue_capacity.saturating_mul(2).max(1);
@@ -161,9 +168,11 @@ impl Core {
             }),
             queue_capacity,
             queues: std::array::from_fn(|_| BoundedQueue::new(ring)),
-            parked: Mutex::new([None, None, None]),
+            staged: Mutex::new(std::array::from_fn(|_| VecDeque::new())),
+            compact_requested: AtomicBool::new(false),
             dispatch_state: AtomicU8::new(IDLE),
             timer: super::timer::Timer::default(),
+            deadline_timer,
         }
     }
 
@@ -177,6 +186,15 @@ impl Core {
 
     pub(crate) fn timer(&self) -> &super::timer::Timer {
         &self.timer
+    }
+
+    /// Registers a waiter's deadline with the timer thread (if enabled).
+    pub(crate) fn watch_deadline(&self, owner: &Arc<dyn super::permit::Owner>, waiter: &Arc<Waiter>) {
+        if self.deadline_timer {
+            self.timer.watch(owner, waiter);
+        } else {
+            self.timer.register(waiter);
+        }
     }
 
     /// Ends the waits whose deadline is at or before `now`.
@@ -304,7 +322,7 @@ impl Core {
             return false;
         }
         let mut item = Arc::clone(waiter);
-        for attempt in 0..2 {
+        for _ in 0..4 {
             match self.queues[class].push(item) {
                 Ok(()) => {
                     // Grants, or closes, if that is already possible.
@@ -312,12 +330,13 @@ impl Core {
                     return true;
                 }
                 Err(back) => {
+                    // The ring is full of cancelled waiters behind a live head (live waiters never fill
+                    // it: it has room for twice the queue capacity). Have the dispatcher move the live
+                    // ones out and drop the rest, then try again.
                     item = back;
-                    if attempt == 0 {
-                        // The ring is full of tombstones behind a live head: a pass drops those at
-                        // the head; then try once more.
-                        self.dispatch();
-                    }
+                    self.compact_requested.store(true, Ordering::SeqCst);
+                    self.dispatch();
+                    sync::yield_now();
                 }
             }
         }
@@ -334,10 +353,19 @@ impl Core {
     /// Gives up a waiter that is still `WAITING` (cancelled, timed out): true if this call won, in which
     /// case the waiter holds nothing and the queue has been told.
     pub(crate) fn abandon(&self, waiter: &Waiter, to: u8) -> bool {
-        if waiter.leave_waiting(to) {
-            self.uncount(waiter.class);
+        if self.leave(waiter, to) {
             // It may have been the head blocking others.
             self.dispatch();
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Like `abandon`, without running the dispatcher (the caller runs it once for several waiters).
+    pub(crate) fn leave(&self, waiter: &Waiter, to: u8) -> bool {
+        if waiter.leave_waiting(to) {
+            self.uncount(waiter.class);
             true
         } else {
             false
@@ -365,7 +393,12 @@ impl Core {
             return;
         }
         loop {
-            self.pass(&mut sync::lock(&self.parked));
+            let mut staged = sync::lock(&self.staged);
+            if self.compact_requested.swap(false, Ordering::SeqCst) {
+                self.compact(&mut staged);
+            }
+            self.pass(&mut staged);
+            drop(staged);
             match self.dispatch_state.compare_exchange(RUNNING, IDLE, Ordering::SeqCst, Ordering::SeqCst) {
                 Ok(_) => return,
                 // RUNNING_AGAIN: someone asked for another pass while this one ran.
@@ -376,12 +409,12 @@ impl Core {
 
     /// One pass: grant waiters in priority then arrival order while capacity lasts; on close, end every
     /// wait. Tombstones (waiters no longer `WAITING`) are dropped as they reach the head.
-    fn pass(&self, parked: &mut Parked) {
+    fn pass(&self, staged: &mut Staged) {
         let closing = self.is_closed();
         for priority in Priority::HIGHEST_FIRST {
             let class = priority.index();
             loop {
-                let Some(head) = parked[class].take().or_else(|| self.queues[class].pop()) else {
+                let Some(head) = staged[class].pop_front().or_else(|| self.queues[class].pop()) else {
                     break;
                 };
                 if head.state() != WAITING {
@@ -396,7 +429,7 @@ impl Core {
                 }
                 if !self.reserve_for_waiter(head.kv) {
                     // Strict FIFO and strict priority: nobody passes a head that does not fit.
-                    parked[class] = Some(head);
+                    staged[class].push_front(head);
                     return;
                 }
                 if head.leave_waiting(GRANTED) {
@@ -405,6 +438,18 @@ impl Core {
                 } else {
                     // Cancelled or timed out while we reserved: undo, keep going.
                     self.give_back(head.kv);
+                }
+            }
+        }
+    }
+
+    /// Moves every ring's waiters to `staged` in order, dropping those that no longer wait.
+    fn compact(&self, staged: &mut Staged) {
+        for (class, staged) in staged.iter_mut().enumerate() {
+            staged.retain(|w| w.state() == WAITING);
+            while let Some(waiter) = self.queues[class].pop() {
+                if waiter.state() == WAITING {
+                    staged.push_back(waiter);
                 }
             }
         }

@@ -85,11 +85,7 @@ mod real {
                 return;
             }
             let earliest = state.heap.peek().map(|e| e.deadline);
-            state.heap.push(Entry { deadline: waiter.deadline, waiter: Arc::downgrade(waiter) });
-            if state.heap.len() >= 64 && state.heap.len() >= state.compacted_len.saturating_mul(2) {
-                state.heap.retain(|e| e.waiter.upgrade().is_some_and(|w| w.state() == WAITING));
-                state.compacted_len = state.heap.len();
-            }
+            push_entry(&mut state, waiter);
             if !state.thread_running {
                 let inner = Arc::clone(&self.inner);
                 let owner = Arc::downgrade(owner);
@@ -111,12 +107,30 @@ mod real {
             end_waits(core, expired)
         }
 
+        /// Registers a deadline without starting a thread (deadlines then end on `expire`).
+        pub(crate) fn register(&self, waiter: &Arc<Waiter>) {
+            let mut state = self.inner.state.lock();
+            if !state.shutdown {
+                push_entry(&mut state, waiter);
+            }
+        }
+
         /// Stops the thread (the admission is gone).
         pub(crate) fn shutdown(&self) {
             let mut state = self.inner.state.lock();
             state.shutdown = true;
             state.heap.clear();
             self.inner.changed.notify_all();
+        }
+    }
+
+    /// Adds a deadline; drops entries of finished waits whenever the heap has doubled since the last
+    /// time, so its size stays proportional to the live waiters.
+    fn push_entry(state: &mut State, waiter: &Arc<Waiter>) {
+        state.heap.push(Entry { deadline: waiter.deadline, waiter: Arc::downgrade(waiter) });
+        if state.heap.len() >= 64 && state.heap.len() >= state.compacted_len.saturating_mul(2) {
+            state.heap.retain(|e| e.waiter.upgrade().is_some_and(|w| w.state() == WAITING));
+            state.compacted_len = state.heap.len();
         }
     }
 
@@ -130,13 +144,18 @@ mod real {
         expired
     }
 
+    /// Ends every expired wait first, then runs the dispatcher once, so that no expired waiter is
+    /// granted in between.
     fn end_waits(core: &Core, expired: Vec<Arc<Waiter>>) -> usize {
         let mut ended = 0;
-        for waiter in expired {
-            if core.abandon(&waiter, TIMED_OUT) {
+        for waiter in &expired {
+            if core.leave(waiter, TIMED_OUT) {
                 waiter.wake();
                 ended += 1;
             }
+        }
+        if ended != 0 {
+            core.dispatch();
         }
         ended
     }
@@ -189,6 +208,7 @@ mod model {
         pub(crate) fn expire(&self, _core: &Core, _now: u64) -> usize {
             0
         }
+        pub(crate) fn register(&self, _waiter: &Arc<Waiter>) {}
         pub(crate) fn shutdown(&self) {}
     }
 }
