@@ -201,14 +201,14 @@ proptest! {
                     match (real, model.waiters[id].state) {
                         (None, WState::Waiting) => {}
                         (Some(Ok(p)), WState::Granted) => {
-                            futures.remove(i);
+                            drop(futures.remove(i));
                             permits.push((p, model.waiters[id].kv));
                             // Granted capacity now belongs to the permit (model keeps it as taken).
                             model.waiters[id].state = WState::Closed; // picked up: no longer cancellable
                             model.waiters[id].kv = 0;
                         }
                         (Some(Err(Rejection::TimedOut)), WState::TimedOut)
-                        | (Some(Err(Rejection::Closed)), WState::Closed) => { futures.remove(i); }
+                        | (Some(Err(Rejection::Closed)), WState::Closed) => drop(futures.remove(i)),
                         (real, state) => prop_assert!(false, "poll {}: real {:?} vs model {:?}", id, real.map(|r| r.map(|_| "permit")), state),
                     }
                 }
