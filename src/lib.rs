@@ -4,6 +4,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs, unsafe_op_in_unsafe_fn, missing_debug_implementations)]
 
+pub mod bucket;
 pub mod clock;
 mod error;
 pub(crate) mod sync;
