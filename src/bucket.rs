@@ -14,21 +14,24 @@
 //! ```
 //!
 //! where `mult / 2^96` is the refill rate in tokens per nanosecond as an unsigned fixed-point number with
-//! 96 fractional bits (`mult <= 2^96` because the rate is at most 10^9/s = 1/ns). `L(t)` is "`burst` plus
-//! every whole token accrued since the bucket was built": a tokens-valued clock. It saturates at
-//! `u64::MAX` (the bucket grants at most 2^64 - 1 tokens over its lifetime: 584 years at 10^9/s).
+//! 96 fractional bits (`mult <= 2^96` because the rate is at most 10^9/s = 1/ns). `L(t)` is a
+//! tokens-valued clock: it starts at `max(burst, 2^63)` and counts every whole token accrued since. The
+//! 2^63 head start keeps `L - burst >= 0` when `set_rate` raises the burst, so `tat` never needs to be
+//! negative. `L` saturates at `u64::MAX`, so a bucket grants at least 2^63 tokens over its lifetime
+//! (292 years at the maximum rate of 10^9/s) and then stops refilling; and a bucket holds at most
+//! `min(burst, L)` tokens, which differs from `burst` only for bursts above 2^63 set at run time.
 //!
 //! **The state** is `tat` ("theoretical arrival time", in tokens): the level at which every token granted
-//! so far would have been paid for. Together with `floor` (a configuration field, see *rate changes*):
+//! so far would have been paid for:
 //!
 //! ```text
-//! start(t)     = max(tat, floor, L(t) - burst)       // tat, clamped so that the bucket holds <= burst
-//! available(t) = L(t) - start(t)                     // 0 if start(t) > L(t)
+//! start(t)     = max(tat, L(t) - burst)             // tat, clamped so that the bucket holds <= burst
+//! available(t) = L(t) - start(t)                    // 0 if start(t) > L(t)
 //! acquire(n) at t succeeds  iff  start(t) + n <= L(t),  and then sets  tat = start(t) + n
-//! refund(n)  at t                                    sets  tat = max(start(t) - n, floor, L(t) - burst)
+//! refund(n)  at t                                   sets  tat = max(start(t) - n, L(t) - burst)
 //! ```
 //!
-//! A new bucket has `level0 = burst`, `tat = floor = 0`, so it starts full. Every quantity is a `u64`
+//! A new bucket has `level0 = max(burst, 2^63)`, `tat = level0 - burst`, so it starts full. Every quantity is a `u64`
 //! bounded by `L(t) <= u64::MAX`, so nothing overflows for any `n` or `now_nanos`.
 //!
 //! **No drift.** `L(t)` is computed from the fixed origin `base_ns`, never by adding per-call increments,
@@ -48,15 +51,18 @@
 //! `mult = hi * 2^64 + lo`: `(e*hi + ((e*lo) >> 64)) >> 32`, which is exact (no rounding beyond the
 //! final floor).
 //!
-//! **Rate changes** ([`TokenBucket::set_rate`]) at time `T` start a new linear piece without touching
-//! `tat`: `base_ns = T`, `level0 = L_old(T)` (so `L` is continuous and `tat` keeps its units), and
-//! `floor = max(floor_old, L_old(T) - burst_old)`, which is exactly the clamp the old configuration applied
-//! at `T`. One checks that `available` at `T` is then `min(available_old(T), burst_new)`. Because the new
-//! configuration does not depend on `tat`, an acquire that computed with the old configuration and
-//! committed its CAS after the change is equivalent to the same acquire ordered just before it: every
-//! operation linearizes at its CAS on `tat` (or its load, for refusals and peeks), against the
-//! configuration it read. The sub-token progress towards the next token is discarded at a rate change
-//! (less than one token; the level restarts on an integer).
+//! **Rate changes** ([`TokenBucket::set_rate`]) at time `T`, holding the configuration's write lock:
+//! first raise `tat` to `start_old(T) = max(tat, L_old(T) - burst_old)` (a CAS loop; this changes nothing
+//! the old configuration can observe at or after `T`), then start a new linear piece `base_ns = T`,
+//! `level0 = L_old(T)`, so `L` is continuous and `tat` keeps its units. Then
+//! `available_new(T) = min(available_old(T), burst_new)`. The new configuration does not depend on `tat`,
+//! and the normalization only ever raises `tat` to a value every later operation of the old configuration
+//! also produces, so an acquire that computed with the old configuration and commits its CAS after the
+//! change is equivalent to the same acquire ordered just before it: every operation linearizes at its CAS
+//! on `tat` (or its load, for refusals and peeks) against the configuration it read. (The one exception
+//! is a refund stamped with a time *before* `T` that gives back more than the bucket lacked: it may keep
+//! up to `n` of the surplus that a sequential run would have dropped.) The sub-token progress towards the
+//! next token is discarded at a rate change (less than one token; the level restarts on an integer).
 //!
 //! # Memory orderings
 //!
@@ -88,6 +94,8 @@ const RATE_WHAT: &str = "token bucket rate";
 /// Name of the burst in configuration errors.
 const BURST_WHAT: &str = "token bucket burst";
 const NANOS_PER_SEC: u128 = 1_000_000_000;
+/// Where the level axis starts (at least): room for `tat` below `L - burst` when the burst grows.
+const LEVEL_HEADROOM: u64 = 1 << 63;
 
 /// A lock-free token bucket (GCRA measured in tokens) with weighted acquisition, refunds and runtime rate
 /// changes.
@@ -131,8 +139,6 @@ struct Config {
     base_ns: AtomicU64,
     /// `L(base_ns)`.
     level0: AtomicU64,
-    /// Lower bound applied to `tat` (the clamp carried over from earlier configurations).
-    floor: AtomicU64,
     /// High 64 bits of the multiplier (`<= 2^32`).
     mult_hi: AtomicU64,
     /// Low 64 bits of the multiplier.
@@ -148,7 +154,6 @@ struct Config {
 struct Snapshot {
     base_ns: u64,
     level0: u64,
-    floor: u64,
     mult_hi: u64,
     mult_lo: u64,
     burst: u64,
@@ -172,20 +177,20 @@ impl Snapshot {
         self.level0.saturating_add(accrued as u64)
     }
 
-    /// `max(floor, L - burst)`: the least value `tat` is treated as having at level `level`.
+    /// `L - burst`: the least value `tat` is treated as having at level `level` (the bucket holds at most
+    /// `burst`).
     #[inline]
     fn clamp(&self, level: u64) -> u64 {
-        self.floor.max(level.saturating_sub(self.burst))
+        level.saturating_sub(self.burst)
     }
 }
 
 impl Config {
-    fn new(base_ns: u64, level0: u64, floor: u64, mult: u128, burst: u64, rate: f64) -> Self {
+    fn new(base_ns: u64, level0: u64, mult: u128, burst: u64, rate: f64) -> Self {
         Self {
             version: AtomicU64::new(0),
             base_ns: AtomicU64::new(base_ns),
             level0: AtomicU64::new(level0),
-            floor: AtomicU64::new(floor),
             mult_hi: AtomicU64::new((mult >> 64) as u64),
             mult_lo: AtomicU64::new(mult as u64),
             burst: AtomicU64::new(burst),
@@ -202,7 +207,6 @@ impl Config {
                 let snapshot = Snapshot {
                     base_ns: self.base_ns.load(Ordering::Relaxed),
                     level0: self.level0.load(Ordering::Relaxed),
-                    floor: self.floor.load(Ordering::Relaxed),
                     mult_hi: self.mult_hi.load(Ordering::Relaxed),
                     mult_lo: self.mult_lo.load(Ordering::Relaxed),
                     burst: self.burst.load(Ordering::Relaxed),
@@ -217,9 +221,9 @@ impl Config {
         }
     }
 
-    /// Seqlock write side: serializes writers, then lets `update` compute the new snapshot from the
-    /// current one and publishes it.
-    fn write(&self, update: impl FnOnce(Snapshot) -> Snapshot) {
+    /// Seqlock write side, step 1: serializes writers (version even -> odd) and returns the current
+    /// configuration and the odd version. Readers spin until [`unlock`](Self::unlock).
+    fn lock(&self) -> (Snapshot, u64) {
         let mut version = self.version.load(Ordering::Relaxed);
         loop {
             if version & 1 == 1 {
@@ -237,21 +241,23 @@ impl Config {
         let current = Snapshot {
             base_ns: self.base_ns.load(Ordering::Relaxed),
             level0: self.level0.load(Ordering::Relaxed),
-            floor: self.floor.load(Ordering::Relaxed),
             mult_hi: self.mult_hi.load(Ordering::Relaxed),
             mult_lo: self.mult_lo.load(Ordering::Relaxed),
             burst: self.burst.load(Ordering::Relaxed),
             rate_bits: self.rate_bits.load(Ordering::Relaxed),
         };
-        let next = update(current);
+        (current, version + 1)
+    }
+
+    /// Seqlock write side, step 2: stores `next` and releases the lock taken by [`lock`](Self::lock).
+    fn unlock(&self, odd_version: u64, next: Snapshot) {
         self.base_ns.store(next.base_ns, Ordering::Relaxed);
         self.level0.store(next.level0, Ordering::Relaxed);
-        self.floor.store(next.floor, Ordering::Relaxed);
         self.mult_hi.store(next.mult_hi, Ordering::Relaxed);
         self.mult_lo.store(next.mult_lo, Ordering::Relaxed);
         self.burst.store(next.burst, Ordering::Relaxed);
         self.rate_bits.store(next.rate_bits, Ordering::Relaxed);
-        self.version.store(version.wrapping_add(2), Ordering::Release);
+        self.version.store(odd_version.wrapping_add(1), Ordering::Release);
     }
 }
 
@@ -341,9 +347,10 @@ impl<C: Clock> TokenBucket<C> {
             return Err(ConfigError::Zero { what: BURST_WHAT });
         }
         let now = clock.now_nanos();
+        let level0 = burst.max(LEVEL_HEADROOM);
         Ok(Self {
-            tat: CachePadded(AtomicU64::new(0)),
-            config: CachePadded(Config::new(now, burst, 0, mult, burst, rate_per_second)),
+            tat: CachePadded(AtomicU64::new(level0 - burst)),
+            config: CachePadded(Config::new(now, level0, mult, burst, rate_per_second)),
             clock,
         })
     }
@@ -422,11 +429,11 @@ impl<C: Clock> TokenBucket<C> {
     }
 
     /// The refusal for an acquire of `n` (`0 < n <= burst`) that does not fit at `now` with state `tat`:
-    /// the exact wait until `L(now + d) >= max(tat, floor) + n`.
+    /// the exact wait until `L(now + d) >= tat + n`.
     #[cold]
     #[inline(never)]
     fn not_yet(&self, config: &Snapshot, tat: u64, n: u64, now: u64) -> AcquireError {
-        let target = u128::from(tat.max(config.floor)) + u128::from(n);
+        let target = u128::from(tat) + u128::from(n);
         if target > u128::from(u64::MAX) {
             // The level saturates at u64::MAX: the lifetime token count is exhausted.
             return AcquireError::NeverFits { requested: n, burst: config.burst };
@@ -528,7 +535,7 @@ impl<C: Clock> TokenBucket<C> {
         let clamp = config.clamp(config.level_at(now_nanos));
         let mut tat = self.tat.load(Ordering::Relaxed);
         loop {
-            let new = tat.max(clamp).saturating_sub(n).max(clamp);
+            let new = tat.saturating_sub(n).max(clamp);
             if new == tat {
                 return;
             }
@@ -568,19 +575,28 @@ impl<C: Clock> TokenBucket<C> {
         if burst == 0 {
             return Err(ConfigError::Zero { what: BURST_WHAT });
         }
-        self.config.write(|old| {
-            let now = self.clock.now_nanos();
-            let level = old.level_at(now);
-            Snapshot {
-                base_ns: now.max(old.base_ns),
-                level0: level,
-                floor: old.clamp(level),
-                mult_hi: (mult >> 64) as u64,
-                mult_lo: mult as u64,
-                burst,
-                rate_bits: rate_per_second.to_bits(),
+        let (old, odd_version) = self.config.lock();
+        let now = self.clock.now_nanos();
+        let level = old.level_at(now);
+        // Raise a stale `tat` to the old clamp, so that the new burst cannot resurrect tokens the old one
+        // dropped. Invisible to the old configuration at or after `now`.
+        let clamp = old.clamp(level);
+        let mut tat = self.tat.load(Ordering::Relaxed);
+        while tat < clamp {
+            match self.tat.compare_exchange_weak(tat, clamp, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => break,
+                Err(current) => tat = current,
             }
-        });
+        }
+        let next = Snapshot {
+            base_ns: now.max(old.base_ns),
+            level0: level,
+            mult_hi: (mult >> 64) as u64,
+            mult_lo: mult as u64,
+            burst,
+            rate_bits: rate_per_second.to_bits(),
+        };
+        self.config.unlock(odd_version, next);
         Ok(())
     }
 
@@ -691,7 +707,7 @@ pub enum AcquireError {
         retry_after: Duration,
     },
     /// Never fits: more tokens were requested than the bucket can hold (`requested > burst`), so retrying
-    /// cannot help. (Also returned once the bucket's lifetime token count of 2^64 - 1 would be exceeded.)
+    /// cannot help. (Also returned once the bucket's lifetime allowance, at least 2^63 tokens, is spent.)
     #[error("{requested} tokens requested but the bucket holds at most {burst}; split the request or raise the burst")]
     NeverFits {
         /// The number of tokens asked for.
