@@ -172,7 +172,9 @@ impl Snapshot {
     fn level_at(&self, now: u64) -> u64 {
         let elapsed = u128::from(now.saturating_sub(self.base_ns));
         // floor(elapsed * mult / 2^96), exactly: elapsed*hi <= 2^96 and (elapsed*lo) >> 64 < 2^64.
-        let accrued = (elapsed * u128::from(self.mult_hi) + ((elapsed * u128::from(self.mult_lo)) >> 64)) >> 32;
+        let accrued = (elapsed * u128::from(self.mult_hi)
+            + ((elapsed * u128::from(self.mult_lo)) >> 64))
+            >> 32;
         // accrued <= elapsed < 2^64 because mult <= 2^96.
         self.level0.saturating_add(accrued as u64)
     }
@@ -231,7 +233,12 @@ impl Config {
                 version = self.version.load(Ordering::Relaxed);
                 continue;
             }
-            match self.version.compare_exchange_weak(version, version + 1, Ordering::Acquire, Ordering::Relaxed) {
+            match self.version.compare_exchange_weak(
+                version,
+                version + 1,
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            ) {
                 Ok(_) => break,
                 Err(current) => version = current,
             }
@@ -257,7 +264,8 @@ impl Config {
         self.mult_lo.store(next.mult_lo, Ordering::Relaxed);
         self.burst.store(next.burst, Ordering::Relaxed);
         self.rate_bits.store(next.rate_bits, Ordering::Relaxed);
-        self.version.store(odd_version.wrapping_add(1), Ordering::Release);
+        self.version
+            .store(odd_version.wrapping_add(1), Ordering::Release);
     }
 }
 
@@ -274,7 +282,12 @@ fn wait_for_writer() {
 fn multiplier(rate_per_second: f64) -> Result<u128, ConfigError> {
     // `!(a <= x && x <= b)` is also true for NaN.
     if !(MIN_RATE..=MAX_RATE).contains(&rate_per_second) {
-        return Err(ConfigError::InvalidRate { what: RATE_WHAT, value: rate_per_second, min: MIN_RATE, max: MAX_RATE });
+        return Err(ConfigError::InvalidRate {
+            what: RATE_WHAT,
+            value: rate_per_second,
+            min: MIN_RATE,
+            max: MAX_RATE,
+        });
     }
     // rate = mantissa * 2^exponent exactly; the rate is positive, finite and normal here.
     let bits = rate_per_second.to_bits();
@@ -407,7 +420,10 @@ impl<C: Clock> TokenBucket<C> {
     pub fn try_acquire_at(&self, n: u64, now_nanos: u64) -> Result<(), AcquireError> {
         let config = self.config.read();
         if n > config.burst {
-            return Err(AcquireError::NeverFits { requested: n, burst: config.burst });
+            return Err(AcquireError::NeverFits {
+                requested: n,
+                burst: config.burst,
+            });
         }
         if n == 0 {
             return Ok(());
@@ -421,7 +437,12 @@ impl<C: Clock> TokenBucket<C> {
             if start > level || level - start < n {
                 return Err(self.not_yet(&config, tat, n, now_nanos));
             }
-            match self.tat.compare_exchange_weak(tat, start + n, Ordering::Relaxed, Ordering::Relaxed) {
+            match self.tat.compare_exchange_weak(
+                tat,
+                start + n,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
                 Ok(_) => return Ok(()),
                 Err(current) => tat = current,
             }
@@ -436,7 +457,10 @@ impl<C: Clock> TokenBucket<C> {
         let target = u128::from(tat) + u128::from(n);
         if target > u128::from(u64::MAX) {
             // The level saturates at u64::MAX: the lifetime token count is exhausted.
-            return AcquireError::NeverFits { requested: n, burst: config.burst };
+            return AcquireError::NeverFits {
+                requested: n,
+                burst: config.burst,
+            };
         }
         // L(base + e) >= target  iff  floor(e * mult / 2^96) >= k  iff  e >= ceil(k * 2^96 / mult).
         let k = target - u128::from(config.level0); // >= 1: otherwise the acquire would have fitted
@@ -448,7 +472,9 @@ impl<C: Clock> TokenBucket<C> {
                 || u128::from(config.level_at(at as u64)) >= target
                     && (at == 0 || u128::from(config.level_at(at as u64 - 1)) < target)
         );
-        AcquireError::NotYet { retry_after: duration_from_nanos_u128(wait) }
+        AcquireError::NotYet {
+            retry_after: duration_from_nanos_u128(wait),
+        }
     }
 
     /// Tokens that could be taken now, without taking them.
@@ -539,7 +565,10 @@ impl<C: Clock> TokenBucket<C> {
             if new == tat {
                 return;
             }
-            match self.tat.compare_exchange_weak(tat, new, Ordering::Relaxed, Ordering::Relaxed) {
+            match self
+                .tat
+                .compare_exchange_weak(tat, new, Ordering::Relaxed, Ordering::Relaxed)
+            {
                 Ok(_) => return,
                 Err(current) => tat = current,
             }
@@ -583,7 +612,10 @@ impl<C: Clock> TokenBucket<C> {
         let clamp = old.clamp(level);
         let mut tat = self.tat.load(Ordering::Relaxed);
         while tat < clamp {
-            match self.tat.compare_exchange_weak(tat, clamp, Ordering::Relaxed, Ordering::Relaxed) {
+            match self
+                .tat
+                .compare_exchange_weak(tat, clamp, Ordering::Relaxed, Ordering::Relaxed)
+            {
                 Ok(_) => break,
                 Err(current) => tat = current,
             }
@@ -708,7 +740,9 @@ pub enum AcquireError {
     },
     /// Never fits: more tokens were requested than the bucket can hold (`requested > burst`), so retrying
     /// cannot help. (Also returned once the bucket's lifetime allowance, at least 2^63 tokens, is spent.)
-    #[error("{requested} tokens requested but the bucket holds at most {burst}; split the request or raise the burst")]
+    #[error(
+        "{requested} tokens requested but the bucket holds at most {burst}; split the request or raise the burst"
+    )]
     NeverFits {
         /// The number of tokens asked for.
         requested: u64,
@@ -752,10 +786,25 @@ mod tests {
 
     #[test]
     fn invalid_rates_are_errors_with_useful_messages() {
-        for rate in [0.0, -1.0, f64::NAN, f64::INFINITY, f64::NEG_INFINITY, 1e10, 1e-4, -0.0, f64::MIN_POSITIVE] {
+        for rate in [
+            0.0,
+            -1.0,
+            f64::NAN,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            1e10,
+            1e-4,
+            -0.0,
+            f64::MIN_POSITIVE,
+        ] {
             let err = TokenBucket::new(rate, 10).unwrap_err();
             match &err {
-                ConfigError::InvalidRate { what, value, min, max } => {
+                ConfigError::InvalidRate {
+                    what,
+                    value,
+                    min,
+                    max,
+                } => {
                     assert_eq!(*what, "token bucket rate");
                     assert!(value.to_bits() == rate.to_bits());
                     assert_eq!((*min, *max), (0.001, 1e9));
@@ -763,15 +812,29 @@ mod tests {
                 other => panic!("{rate}: {other:?}"),
             }
             let msg = err.to_string();
-            assert!(msg.contains("token bucket rate") && msg.contains("0.001") && msg.contains("1000000000"), "{msg}");
+            assert!(
+                msg.contains("token bucket rate")
+                    && msg.contains("0.001")
+                    && msg.contains("1000000000"),
+                "{msg}"
+            );
             assert!(bucket(1.0, 1).set_rate(rate, 1).is_err());
         }
         let err = TokenBucket::new(1.0, 0).unwrap_err();
-        assert_eq!(err, ConfigError::Zero { what: "token bucket burst" });
+        assert_eq!(
+            err,
+            ConfigError::Zero {
+                what: "token bucket burst"
+            }
+        );
         assert!(err.to_string().contains("token bucket burst is 0"), "{err}");
         let b = bucket(1.0, 5);
         assert!(b.set_rate(1.0, 0).is_err());
-        assert_eq!((b.rate(), b.burst()), (1.0, 5), "a refused set_rate changes nothing");
+        assert_eq!(
+            (b.rate(), b.burst()),
+            (1.0, 5),
+            "a refused set_rate changes nothing"
+        );
         // The extremes of the range are accepted.
         assert!(TokenBucket::new(0.001, 1).is_ok());
         assert!(TokenBucket::new(1e9, u64::MAX).is_ok());
@@ -796,15 +859,31 @@ mod tests {
         assert_eq!(b.try_acquire(3), Ok(()));
         assert_eq!(b.try_acquire(0), Ok(()));
         assert_eq!(b.available(), 0);
-        assert_eq!(b.try_acquire(1), Err(AcquireError::NotYet { retry_after: Duration::from_secs(1) }));
-        assert_eq!(b.try_acquire(3), Err(AcquireError::NotYet { retry_after: Duration::from_secs(3) }));
+        assert_eq!(
+            b.try_acquire(1),
+            Err(AcquireError::NotYet {
+                retry_after: Duration::from_secs(1)
+            })
+        );
+        assert_eq!(
+            b.try_acquire(3),
+            Err(AcquireError::NotYet {
+                retry_after: Duration::from_secs(3)
+            })
+        );
     }
 
     #[test]
     fn huge_n_never_fits() {
         let b = bucket(1e9, 1_000);
         let err = b.try_acquire(u64::MAX).unwrap_err();
-        assert_eq!(err, AcquireError::NeverFits { requested: u64::MAX, burst: 1_000 });
+        assert_eq!(
+            err,
+            AcquireError::NeverFits {
+                requested: u64::MAX,
+                burst: 1_000
+            }
+        );
         assert_eq!(err.retry_after(), None);
         assert!(err.to_string().contains("raise the burst"));
         assert_eq!(b.try_acquire(1_001).unwrap_err().retry_after(), None);
@@ -817,12 +896,21 @@ mod tests {
         assert_eq!(max.try_acquire(1).unwrap_err().retry_after(), None);
         let half = bucket(1e9, 1 << 63);
         assert_eq!(half.try_acquire(1 << 63), Ok(()));
-        assert_eq!(half.try_acquire(1).unwrap_err().retry_after(), Some(Duration::from_nanos(1)));
+        assert_eq!(
+            half.try_acquire(1).unwrap_err().retry_after(),
+            Some(Duration::from_nanos(1))
+        );
     }
 
     #[test]
     fn extreme_times_and_backwards_clocks_do_not_panic_or_add_tokens() {
-        for (rate, burst) in [(1e9, 1), (1e9, u64::MAX), (0.001, 1), (0.001, u64::MAX), (3.0, 1 << 63)] {
+        for (rate, burst) in [
+            (1e9, 1),
+            (1e9, u64::MAX),
+            (0.001, 1),
+            (0.001, u64::MAX),
+            (3.0, 1 << 63),
+        ] {
             for start in [0, 1, u64::MAX - 1, u64::MAX] {
                 let clock = ManualClock::starting_at(start);
                 let b = TokenBucket::with_clock(rate, burst, clock.clone()).unwrap();
@@ -831,7 +919,11 @@ mod tests {
                     for n in [0, 1, 2, burst / 2, burst, burst.saturating_add(1), u64::MAX] {
                         let before = b.available_at(now);
                         let result = b.try_acquire_at(n, now);
-                        assert_eq!(result.is_ok(), n <= before, "{rate} {burst} {start} {now} {n}");
+                        assert_eq!(
+                            result.is_ok(),
+                            n <= before,
+                            "{rate} {burst} {start} {now} {n}"
+                        );
                         if let Err(AcquireError::NotYet { retry_after }) = result {
                             assert!(retry_after > Duration::ZERO);
                         }
@@ -870,7 +962,8 @@ mod tests {
             let avail = b.available_at(t);
             b.try_acquire_at(avail, t).unwrap();
             granted += u128::from(avail);
-            let expected = u128::from(t) * rate_num / (rate_den * u128::from(SEC)) + u128::from(burst);
+            let expected =
+                u128::from(t) * rate_num / (rate_den * u128::from(SEC)) + u128::from(burst);
             assert_eq!(granted, expected, "rate {rate} at t={t}");
             assert!(b.try_acquire_at(1, t).is_err());
             if t == horizon {
@@ -910,13 +1003,20 @@ mod tests {
         assert_eq!(b.available(), 4, "capped at the new burst");
         assert_eq!((b.rate(), b.burst()), (1000.0, 4));
         b.try_acquire(4).unwrap();
-        assert_eq!(b.try_acquire(1), Err(AcquireError::NotYet { retry_after: Duration::from_millis(1) }));
+        assert_eq!(
+            b.try_acquire(1),
+            Err(AcquireError::NotYet {
+                retry_after: Duration::from_millis(1)
+            })
+        );
         // A bucket that has been full for a long time keeps only `burst` when the burst grows.
         clock.advance(Duration::from_secs(3_600));
         b.set_rate(1.0, 1_000_000).unwrap();
         assert_eq!(b.available(), 4);
         clock.advance(Duration::from_secs(10));
-        assert_eq!(b.available(), 14);
+        assert_eq!(b.available(), 14); // After a burst increase, refunds fill up to the new burst.
+        b.refund(u64::MAX);
+        assert_eq!(b.available(), 1_000_000);
     }
 
     #[test]
@@ -928,7 +1028,10 @@ mod tests {
         assert_eq!(wait, Duration::from_nanos(666_666_667));
         clock.advance(wait - Duration::from_nanos(1));
         assert!(b.try_acquire(2).is_err());
-        assert_eq!(b.try_acquire(2).unwrap_err().retry_after(), Some(Duration::from_nanos(1)));
+        assert_eq!(
+            b.try_acquire(2).unwrap_err().retry_after(),
+            Some(Duration::from_nanos(1))
+        );
         clock.advance(Duration::from_nanos(1));
         assert_eq!(b.try_acquire(2), Ok(()));
     }

@@ -81,7 +81,9 @@ impl Model {
         } else if self.eff_level() - self.tokens + n128 > u128::from(u64::MAX) {
             Expect::NeverFits // lifetime limit
         } else {
-            Expect::NotYet { need: n128 - self.tokens }
+            Expect::NotYet {
+                need: n128 - self.tokens,
+            }
         }
     }
 }
@@ -106,7 +108,18 @@ fn rate() -> impl Strategy<Value = f64> {
     prop_oneof![
         // log-uniform over the whole accepted range
         (-3.0f64..9.0).prop_map(|e| 10f64.powf(e).clamp(0.001, 1e9)),
-        prop::sample::select(vec![0.001, 0.002, 0.1, 1.0, 3.0, 7.0, 1000.0, 123_456.789, 999_999_999.0, 1e9]),
+        prop::sample::select(vec![
+            0.001,
+            0.002,
+            0.1,
+            1.0,
+            3.0,
+            7.0,
+            1000.0,
+            123_456.789,
+            999_999_999.0,
+            1e9
+        ]),
         (1u64..=1_000_000_000).prop_map(|r| r as f64),
     ]
 }
@@ -178,8 +191,14 @@ fn check_acquire(
             }
             let d = d as u64;
             // Exactly minimal: the model accrues enough after d ns, not after d - 1.
-            prop_assert!(accrue(model.mult, model.frac, d).0 >= *need, "not enough at retry_after");
-            prop_assert!(accrue(model.mult, model.frac, d - 1).0 < *need, "retry_after not minimal");
+            prop_assert!(
+                accrue(model.mult, model.frac, d).0 >= *need,
+                "not enough at retry_after"
+            );
+            prop_assert!(
+                accrue(model.mult, model.frac, d - 1).0 < *need,
+                "retry_after not minimal"
+            );
             // The bucket agrees, at the edge (refusals and peeks consume nothing).
             if let Some(at) = model.now.checked_add(d) {
                 prop_assert!(bucket.try_acquire_at(n, at - 1).is_err());
@@ -190,7 +209,9 @@ fn check_acquire(
                 Ok(None)
             }
         }
-        (expect, got) => Err(TestCaseError::fail(format!("model {expect:?}, bucket {got:?}; model {model:?}"))),
+        (expect, got) => Err(TestCaseError::fail(format!(
+            "model {expect:?}, bucket {got:?}; model {model:?}"
+        ))),
     }
 }
 

@@ -43,8 +43,14 @@ fn stress(burst: u64, n: u64, step_ns: u64) {
     let accrued = elapsed / 1_000; // exact: 10^6 tokens/s
     let granted = granted.load(Ordering::Relaxed);
     let left = bucket.available();
-    assert!(granted <= burst + accrued, "granted {granted} > burst {burst} + accrued {accrued}");
-    assert!(granted + left <= burst + accrued, "granted {granted} + left {left} > {burst} + {accrued}");
+    assert!(
+        granted <= burst + accrued,
+        "granted {granted} > burst {burst} + accrued {accrued}"
+    );
+    assert!(
+        granted + left <= burst + accrued,
+        "granted {granted} + left {left} > {burst} + {accrued}"
+    );
     assert_eq!(granted % n, 0);
 }
 

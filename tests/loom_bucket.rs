@@ -44,7 +44,9 @@ fn refund_races_acquire() {
         let got = t.join().unwrap();
         match got {
             Ok(()) => assert_eq!(b.available(), 0, "acquire after refund"),
-            Err(AcquireError::NotYet { .. }) => assert_eq!(b.available(), 1, "acquire before refund"),
+            Err(AcquireError::NotYet { .. }) => {
+                assert_eq!(b.available(), 1, "acquire before refund")
+            }
             Err(e) => panic!("{e:?}"),
         }
     });
@@ -66,7 +68,10 @@ fn set_rate_races_acquire() {
             // Before the change: 3 of 3 taken, then capped to min(0, 2).
             Ok(()) => assert_eq!(b.available(), 0),
             // After the change: min(3, 2) = 2 available, and 3 > 2 never fits.
-            Err(AcquireError::NeverFits { requested: 3, burst: 2 }) => assert_eq!(b.available(), 2),
+            Err(AcquireError::NeverFits {
+                requested: 3,
+                burst: 2,
+            }) => assert_eq!(b.available(), 2),
             Err(e) => panic!("torn or inconsistent configuration: {e:?}"),
         }
     });
@@ -85,7 +90,10 @@ fn set_rate_races_available() {
         let t = thread::spawn(move || other.available());
         b.set_rate(2e6, 2).unwrap();
         let seen = t.join().unwrap();
-        assert!(seen == 3 || seen == 2, "available {seen}: neither before (3) nor after (2) the change");
+        assert!(
+            seen == 3 || seen == 2,
+            "available {seen}: neither before (3) nor after (2) the change"
+        );
         assert_eq!(b.available(), 2);
     });
 }
