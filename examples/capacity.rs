@@ -90,9 +90,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Option<Args>, Stri
         }
         let value = match inline {
             Some(v) => v,
-            None => it
-                .next()
-                .ok_or_else(|| format!("{name} needs a value (see --help)"))?,
+            None => it.next().ok_or_else(|| format!("{name} needs a value (see --help)"))?,
         };
         let bad = |what: &str| format!("invalid value `{value}` for {name}: expected {what}");
         match name.as_str() {
@@ -100,9 +98,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Option<Args>, Stri
             "--config" => config = Some(value),
             "--gpu" => gpu = Some(value),
             "--kv-dtype" => args.kv_dtype = value.parse().map_err(|e| format!("{name}: {e}"))?,
-            "--weight-dtype" => {
-                args.weight_dtype = value.parse().map_err(|e| format!("{name}: {e}"))?
-            }
+            "--weight-dtype" => args.weight_dtype = value.parse().map_err(|e| format!("{name}: {e}"))?,
             "--weight-gb" => {
                 let gb: f64 = value.parse().map_err(|_| bad("a number of GB"))?;
                 if !(gb.is_finite() && gb >= 0.0) {
@@ -111,16 +107,10 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Option<Args>, Stri
                 args.weight_gb = Some(gb);
             }
             "--context" => args.context = value.parse().map_err(|_| bad("a token count"))?,
-            "--avg-context" => {
-                args.avg_context = Some(value.parse().map_err(|_| bad("a token count"))?)
-            }
-            "--block-size" => {
-                args.block_size = value.parse().map_err(|_| bad("a positive integer"))?
-            }
+            "--avg-context" => args.avg_context = Some(value.parse().map_err(|_| bad("a token count"))?),
+            "--block-size" => args.block_size = value.parse().map_err(|_| bad("a positive integer"))?,
             "--tp" => args.tp = value.parse().map_err(|_| bad("a positive integer"))?,
-            "--gpu-util" => {
-                args.gpu_util = value.parse().map_err(|_| bad("a fraction in (0, 1]"))?
-            }
+            "--gpu-util" => args.gpu_util = value.parse().map_err(|_| bad("a fraction in (0, 1]"))?,
             _ => unreachable!("checked against the known flags"),
         }
     }
@@ -134,12 +124,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Option<Args>, Stri
 }
 
 fn load_spec(args: &Args) -> Result<ModelSpec, String> {
-    let preset = args
-        .model
-        .as_deref()
-        .map(ModelSpec::preset)
-        .transpose()
-        .map_err(|e| e.to_string())?;
+    let preset = args.model.as_deref().map(ModelSpec::preset).transpose().map_err(|e| e.to_string())?;
     let Some(path) = &args.config else {
         return Ok(preset.expect("checked: --model or --config"));
     };
@@ -166,9 +151,7 @@ fn from_config(_json: &str, _path: &str) -> Result<ModelSpec, String> {
 fn rebuild_with_params(spec: &ModelSpec, params: u64) -> ModelSpec {
     spec.groups()
         .iter()
-        .fold(ModelSpec::builder(spec.name()), |b, g| {
-            b.group(g.layers(), g.kind())
-        })
+        .fold(ModelSpec::builder(spec.name()), |b, g| b.group(g.layers(), g.kind()))
         .params(params)
         .build()
         .expect("rebuilt from a valid spec")
@@ -183,11 +166,7 @@ fn gib(bytes: u64) -> String {
 }
 
 fn layout(spec: &ModelSpec) -> String {
-    spec.groups()
-        .iter()
-        .map(|g| format!("{} x {}", g.layers(), g.kind()))
-        .collect::<Vec<_>>()
-        .join("; ")
+    spec.groups().iter().map(|g| format!("{} x {}", g.layers(), g.kind())).collect::<Vec<_>>().join("; ")
 }
 
 fn run(args: &Args) -> Result<(), String> {
@@ -211,23 +190,12 @@ fn run(args: &Args) -> Result<(), String> {
     let plan = builder.build().map_err(|e| e.to_string())?;
     let (dtype, block) = (args.kv_dtype, args.block_size);
 
-    println!(
-        "model {} on {} x {}, KV cache {dtype}, blocks of {block} tokens",
-        spec.name(),
-        args.tp,
-        args.gpu
-    );
+    println!("model {} on {} x {}, KV cache {dtype}, blocks of {block} tokens", spec.name(), args.tp, args.gpu);
     println!("layers: {}", layout(&spec));
-    let has_windows = spec
-        .groups()
-        .iter()
-        .any(|g| matches!(g.kind(), LayerKind::Sliding { .. }));
+    let has_windows = spec.groups().iter().any(|g| matches!(g.kind(), LayerKind::Sliding { .. }));
     print!("KV bytes per token: {}", spec.bytes_per_token(dtype));
     if has_windows {
-        print!(
-            " inside the windows, {} past them",
-            spec.bytes_per_token_past_windows(dtype)
-        );
+        print!(" inside the windows, {} past them", spec.bytes_per_token_past_windows(dtype));
     }
     println!("\n");
 
@@ -245,9 +213,7 @@ fn run(args: &Args) -> Result<(), String> {
         );
     }
 
-    let per_gpu_weights = plan
-        .weight_bytes()
-        .div_ceil(u64::from(plan.tensor_parallel()));
+    let per_gpu_weights = plan.weight_bytes().div_ceil(u64::from(plan.tensor_parallel()));
     println!();
     println!(
         "per GPU: {} x {} = {} usable - weights {} - reserve {} = KV pool {}",
@@ -267,18 +233,12 @@ fn run(args: &Args) -> Result<(), String> {
     let context = args.context;
     let avg = args.avg_context.unwrap_or(context / 2);
     let naive_per_seq = plan.per_gpu_model().kv_bytes_naive(context, dtype);
-    let naive_fit = plan
-        .kv_pool_bytes_per_gpu()
-        .checked_div(naive_per_seq)
-        .unwrap_or(u64::MAX);
+    let naive_fit = plan.kv_pool_bytes_per_gpu().checked_div(naive_per_seq).unwrap_or(u64::MAX);
     println!(
         "concurrent sequences of {context} tokens: {} (the naive estimate says {naive_fit})",
         plan.max_sequences(context)
     );
-    println!(
-        "concurrent users at an average context of {avg} tokens: {}",
-        plan.users_at_average_context(avg)
-    );
+    println!("concurrent users at an average context of {avg} tokens: {}", plan.users_at_average_context(avg));
     Ok(())
 }
 

@@ -115,9 +115,7 @@ impl ManualClock {
     /// Moves time forward by `by` (saturating at `u64::MAX` nanoseconds).
     pub fn advance(&self, by: Duration) {
         let by = u64::try_from(by.as_nanos()).unwrap_or(u64::MAX);
-        let _ = self
-            .nanos
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |now| Some(now.saturating_add(by)));
+        let _ = self.nanos.fetch_update(Ordering::AcqRel, Ordering::Acquire, |now| Some(now.saturating_add(by)));
     }
 
     /// Sets the time to `nanos`, which may be earlier than now: for fault-injection tests of a clock that

@@ -58,7 +58,9 @@ pub enum ConfigError {
     InvalidJson(String),
 
     /// A model configuration lacks a key the KV-cache size depends on.
-    #[error("model config (model_type {model_type:?}) is missing required key `{key}`; add it or build the ModelSpec by hand")]
+    #[error(
+        "model config (model_type {model_type:?}) is missing required key `{key}`; add it or build the ModelSpec by hand"
+    )]
     MissingKey {
         /// The missing key, with its path (for example `text_config.num_key_value_heads`).
         key: String,

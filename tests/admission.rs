@@ -112,7 +112,10 @@ fn refusal_for_capacity_spends_no_rate_tokens() {
     drop(held);
     // The only rate token was spent by `held`; the refused attempts spent none, so the rate refusal
     // reports a full 1 s wait.
-    assert_eq!(a.try_admit(&Request::new(1, 1)).unwrap_err(), Rejection::RateLimited { retry_after: Duration::from_secs(1) });
+    assert_eq!(
+        a.try_admit(&Request::new(1, 1)).unwrap_err(),
+        Rejection::RateLimited { retry_after: Duration::from_secs(1) }
+    );
 }
 
 #[test]
@@ -154,8 +157,14 @@ fn configuration_that_can_never_admit_is_an_error() {
     assert_eq!(Admission::builder().max_in_flight(0).build().unwrap_err(), ConfigError::Zero { what: "max_in_flight" });
     assert!(matches!(Admission::builder().kv_capacity_tokens(0).build(), Err(ConfigError::Zero { .. })));
     for rate in [0.0, -1.0, f64::NAN, f64::INFINITY, f64::NEG_INFINITY, 1e12] {
-        assert!(matches!(Admission::builder().request_rate(rate, 1).build(), Err(ConfigError::InvalidRate { .. })), "{rate}");
-        assert!(matches!(Admission::builder().token_rate(rate, 1).build(), Err(ConfigError::InvalidRate { .. })), "{rate}");
+        assert!(
+            matches!(Admission::builder().request_rate(rate, 1).build(), Err(ConfigError::InvalidRate { .. })),
+            "{rate}"
+        );
+        assert!(
+            matches!(Admission::builder().token_rate(rate, 1).build(), Err(ConfigError::InvalidRate { .. })),
+            "{rate}"
+        );
     }
     assert!(matches!(Admission::builder().request_rate(1.0, 0).build(), Err(ConfigError::Zero { .. })));
     assert!(matches!(Admission::builder().token_rate(1.0, 0).build(), Err(ConfigError::Zero { .. })));
@@ -181,7 +190,10 @@ fn resizing_revokes_nothing_and_grows_at_once() {
     a.set_max_in_flight(2).unwrap();
     let q = a.try_admit(&Request::new(1, 1)).unwrap();
     a.set_kv_capacity_tokens(3).unwrap();
-    assert!(matches!(a.try_admit(&Request::new(1, 0)), Err(Rejection::NoCapacity { .. }) | Err(Rejection::TooLarge { .. })));
+    assert!(matches!(
+        a.try_admit(&Request::new(1, 0)),
+        Err(Rejection::NoCapacity { .. }) | Err(Rejection::TooLarge { .. })
+    ));
     assert_eq!(a.snapshot().kv_capacity, 3);
     assert!(a.set_max_in_flight(0).is_err());
     assert!(a.set_kv_capacity_tokens(0).is_err());
@@ -211,7 +223,10 @@ fn try_admit_does_not_overtake_waiters_of_same_or_higher_priority() {
     let mut waiting = Box::pin(a.admit(&Request::new(1, 1).priority(Priority::Normal)));
     assert!(futures::FutureExt::now_or_never(&mut waiting).is_none());
     drop(held); // granted to the waiter, not to whoever calls try_admit next
-    assert!(matches!(a.try_admit(&Request::new(1, 1).priority(Priority::Interactive)), Err(Rejection::NoCapacity { .. })));
+    assert!(matches!(
+        a.try_admit(&Request::new(1, 1).priority(Priority::Interactive)),
+        Err(Rejection::NoCapacity { .. })
+    ));
     let permit = futures::executor::block_on(waiting).unwrap();
     drop(permit);
     assert!(a.try_admit(&Request::new(1, 1)).is_ok());

@@ -38,21 +38,9 @@ const BF16: KvDtype = KvDtype::Bf16;
 #[track_caller]
 fn check(spec: &ModelSpec, tokens: u64, real: u64, paged: u64, naive: u64) {
     assert_eq!(spec.kv_bytes(tokens, BF16), real, "kv_bytes({tokens})");
-    assert_eq!(
-        spec.kv_bytes_paged(tokens, BF16, 16),
-        paged,
-        "kv_bytes_paged({tokens}, 16)"
-    );
-    assert_eq!(
-        spec.kv_bytes_naive(tokens, BF16),
-        naive,
-        "kv_bytes_naive({tokens})"
-    );
-    assert_eq!(
-        spec.kv_bytes(tokens, KvDtype::Fp8) * 2,
-        real,
-        "fp8 is half of bf16"
-    );
+    assert_eq!(spec.kv_bytes_paged(tokens, BF16, 16), paged, "kv_bytes_paged({tokens}, 16)");
+    assert_eq!(spec.kv_bytes_naive(tokens, BF16), naive, "kv_bytes_naive({tokens})");
+    assert_eq!(spec.kv_bytes(tokens, KvDtype::Fp8) * 2, real, "fp8 is half of bf16");
 }
 
 /// Files this test knows; `every_fixture_is_covered` fails when a new one appears.
@@ -80,10 +68,7 @@ fn every_fixture_is_covered() {
         .filter(|name| name.ends_with(".json"))
         .collect();
     found.sort();
-    assert_eq!(
-        found, KNOWN,
-        "add expectations for new fixtures to tests/kv_fixtures.rs"
-    );
+    assert_eq!(found, KNOWN, "add expectations for new fixtures to tests/kv_fixtures.rs");
     for file in KNOWN {
         load(file);
     }
@@ -101,25 +86,10 @@ fn llama_3_1_8b_derives_head_dim() {
     assert_eq!(spec.bytes_per_token(BF16), 131_072);
     // 1000 tokens → 63 blocks = 1008 slots paged.
     check(&spec, 1000, 1000 * 131_072, 1008 * 131_072, 1000 * 131_072);
-    check(
-        &spec,
-        32_768,
-        32_768 * 131_072,
-        32_768 * 131_072,
-        32_768 * 131_072,
-    );
+    check(&spec, 32_768, 32_768 * 131_072, 32_768 * 131_072, 32_768 * 131_072);
     // 100_001 → 6251 blocks = 100_016 slots.
-    check(
-        &spec,
-        100_001,
-        100_001 * 131_072,
-        100_016 * 131_072,
-        100_001 * 131_072,
-    );
-    assert_eq!(
-        spec.groups(),
-        ModelSpec::preset("llama-3.1-8b").unwrap().groups()
-    );
+    check(&spec, 100_001, 100_001 * 131_072, 100_016 * 131_072, 100_001 * 131_072);
+    assert_eq!(spec.groups(), ModelSpec::preset("llama-3.1-8b").unwrap().groups());
 }
 
 #[test]
@@ -131,17 +101,8 @@ fn llama_3_2_1b() {
     assert_eq!(spec.bytes_per_token(BF16), 32_768);
     // 17 tokens → 2 blocks = 32 slots.
     check(&spec, 17, 17 * 32_768, 32 * 32_768, 17 * 32_768);
-    check(
-        &spec,
-        131_072,
-        131_072 * 32_768,
-        131_072 * 32_768,
-        131_072 * 32_768,
-    );
-    assert_eq!(
-        spec.groups(),
-        ModelSpec::preset("llama-3.2-1b").unwrap().groups()
-    );
+    check(&spec, 131_072, 131_072 * 32_768, 131_072 * 32_768, 131_072 * 32_768);
+    assert_eq!(spec.groups(), ModelSpec::preset("llama-3.2-1b").unwrap().groups());
 }
 
 #[test]
@@ -153,41 +114,14 @@ fn mistral_7b_slides_every_layer() {
     assert_eq!((spec.sliding_layers(), spec.full_layers()), (32, 0));
     let per_token = 32 * 4096;
     // Below the window: 1000 tokens, paged 1008.
-    check(
-        &spec,
-        1000,
-        1000 * per_token,
-        1008 * per_token,
-        1000 * per_token,
-    );
+    check(&spec, 1000, 1000 * per_token, 1008 * per_token, 1000 * per_token);
     // At the window: 4096 (a multiple of 16).
-    check(
-        &spec,
-        4096,
-        4096 * per_token,
-        4096 * per_token,
-        4096 * per_token,
-    );
+    check(&spec, 4096, 4096 * per_token, 4096 * per_token, 4096 * per_token);
     // Above: 5001 tokens hold 4096 per layer; naive counts all 5001.
-    check(
-        &spec,
-        5001,
-        4096 * per_token,
-        4096 * per_token,
-        5001 * per_token,
-    );
+    check(&spec, 5001, 4096 * per_token, 4096 * per_token, 5001 * per_token);
     // 32k: 8 times less than naive.
-    check(
-        &spec,
-        32_768,
-        4096 * per_token,
-        4096 * per_token,
-        32_768 * per_token,
-    );
-    assert_eq!(
-        spec.groups(),
-        ModelSpec::preset("mistral-7b").unwrap().groups()
-    );
+    check(&spec, 32_768, 4096 * per_token, 4096 * per_token, 32_768 * per_token);
+    assert_eq!(spec.groups(), ModelSpec::preset("mistral-7b").unwrap().groups());
 }
 
 #[test]
@@ -198,10 +132,7 @@ fn mixtral_null_window_is_full() {
     // sliding_window: null → 32 full layers, 8 × 128: per token 32 × 4096 = 131_072.
     assert_eq!((spec.sliding_layers(), spec.full_layers()), (0, 32));
     check(&spec, 4097, 4097 * 131_072, 4112 * 131_072, 4097 * 131_072);
-    assert_eq!(
-        spec.groups(),
-        ModelSpec::preset("mixtral-8x7b").unwrap().groups()
-    );
+    assert_eq!(spec.groups(), ModelSpec::preset("mixtral-8x7b").unwrap().groups());
 }
 
 #[test]
@@ -214,17 +145,8 @@ fn qwen2_5_7b_window_is_disabled() {
     assert_eq!((spec.sliding_layers(), spec.full_layers()), (0, 28));
     check(&spec, 1000, 1000 * 57_344, 1008 * 57_344, 1000 * 57_344);
     // Past the (disabled) window the cache keeps growing: 131_073 → 8193 blocks = 131_088 slots.
-    check(
-        &spec,
-        131_073,
-        131_073 * 57_344,
-        131_088 * 57_344,
-        131_073 * 57_344,
-    );
-    assert_eq!(
-        spec.groups(),
-        ModelSpec::preset("qwen2.5-7b").unwrap().groups()
-    );
+    check(&spec, 131_073, 131_073 * 57_344, 131_088 * 57_344, 131_073 * 57_344);
+    assert_eq!(spec.groups(), ModelSpec::preset("qwen2.5-7b").unwrap().groups());
 }
 
 #[test]
@@ -234,24 +156,9 @@ fn qwen3_8b() {
     };
     // 36 full layers, 8 KV heads × head_dim 128: per token 36 × 4096 = 147_456.
     assert_eq!(spec.bytes_per_token(BF16), 147_456);
-    check(
-        &spec,
-        40_000,
-        40_000 * 147_456,
-        40_000 * 147_456,
-        40_000 * 147_456,
-    );
-    check(
-        &spec,
-        40_001,
-        40_001 * 147_456,
-        40_016 * 147_456,
-        40_001 * 147_456,
-    );
-    assert_eq!(
-        spec.groups(),
-        ModelSpec::preset("qwen3-8b").unwrap().groups()
-    );
+    check(&spec, 40_000, 40_000 * 147_456, 40_000 * 147_456, 40_000 * 147_456);
+    check(&spec, 40_001, 40_001 * 147_456, 40_016 * 147_456, 40_001 * 147_456);
+    assert_eq!(spec.groups(), ModelSpec::preset("qwen3-8b").unwrap().groups());
 }
 
 #[test]
@@ -268,17 +175,8 @@ fn gemma_2_9b_alternates() {
     // At the window.
     check(&spec, 4096, 42 * 4096 * b, 42 * 4096 * b, 42 * 4096 * b);
     // Above: 8191 tokens: sliding 21 × 4096, global 21 × 8191 (paged 8192).
-    check(
-        &spec,
-        8191,
-        (21 * 4096 + 21 * 8191) * b,
-        (21 * 4096 + 21 * 8192) * b,
-        42 * 8191 * b,
-    );
-    assert_eq!(
-        spec.groups(),
-        ModelSpec::preset("gemma-2-9b").unwrap().groups()
-    );
+    check(&spec, 8191, (21 * 4096 + 21 * 8191) * b, (21 * 4096 + 21 * 8192) * b, 42 * 8191 * b);
+    assert_eq!(spec.groups(), ModelSpec::preset("gemma-2-9b").unwrap().groups());
 }
 
 #[test]
@@ -289,10 +187,7 @@ fn gemma_3_27b_reads_text_config_and_every_6th_global() {
     // text_config: 62 layers, no layer_types, no sliding_window_pattern → global at (i + 1) % 6 == 0:
     // i = 5, 11, ..., 59 → 10 global, 52 sliding over 1024. (vision_config's 27 layers are ignored.)
     // head_dim 128 (not 5376 / 32 = 168); 16 KV heads: B = 2 × 16 × 128 × 2 = 8192.
-    assert_eq!(
-        (spec.sliding_layers(), spec.full_layers(), spec.num_layers()),
-        (52, 10, 62)
-    );
+    assert_eq!((spec.sliding_layers(), spec.full_layers(), spec.num_layers()), (52, 10, 62));
     assert_eq!(spec.name(), "gemma3");
     let b = 8192;
     // Below: 1000 → all 62 layers hold 1000 (paged 1008).
@@ -300,28 +195,13 @@ fn gemma_3_27b_reads_text_config_and_every_6th_global() {
     // At the window.
     check(&spec, 1024, 62 * 1024 * b, 62 * 1024 * b, 62 * 1024 * b);
     // Just above: sliding stay at 1024; global 1025 (paged 1040).
-    check(
-        &spec,
-        1025,
-        (52 * 1024 + 10 * 1025) * b,
-        (52 * 1024 + 10 * 1040) * b,
-        62 * 1025 * b,
-    );
+    check(&spec, 1025, (52 * 1024 + 10 * 1025) * b, (52 * 1024 + 10 * 1040) * b, 62 * 1025 * b);
     // 32k: real (52 × 1024 + 10 × 32768) × 8192 = 3_120_562_176 (3.1 GB);
     //      naive 62 × 32768 × 8192 = 16_642_998_272 (15.5 GiB).
     check(&spec, 32_768, 3_120_562_176, 3_120_562_176, 16_642_998_272);
     // 128k.
-    check(
-        &spec,
-        131_072,
-        (52 * 1024 + 10 * 131_072) * b,
-        (52 * 1024 + 10 * 131_072) * b,
-        62 * 131_072 * b,
-    );
-    assert_eq!(
-        spec.groups(),
-        ModelSpec::preset("gemma-3-27b").unwrap().groups()
-    );
+    check(&spec, 131_072, (52 * 1024 + 10 * 131_072) * b, (52 * 1024 + 10 * 131_072) * b, 62 * 131_072 * b);
+    assert_eq!(spec.groups(), ModelSpec::preset("gemma-3-27b").unwrap().groups());
 }
 
 #[test]
@@ -333,41 +213,16 @@ fn gemma_4_26b_global_heads_differ() {
     // B_s = 2 × 8 × 256 × 2 = 8192. Full: num_global_key_value_heads 2 × global_head_dim 512,
     // B_f = 2 × 2 × 512 × 2 = 4096 (K and V kept apart although attention_k_eq_v is true).
     // num_kv_shared_layers 0 → no shared layers.
-    assert_eq!(
-        (
-            spec.sliding_layers(),
-            spec.full_layers(),
-            spec.no_kv_layers()
-        ),
-        (25, 5, 0)
+    assert_eq!((spec.sliding_layers(), spec.full_layers(), spec.no_kv_layers()), (25, 5, 0));
+    assert!(
+        spec.groups().iter().any(|g| g.kind() == LayerKind::Full { kv_heads: 2, k_head_dim: 512, v_head_dim: 512 })
     );
-    assert!(spec.groups().iter().any(|g| g.kind()
-        == LayerKind::Full {
-            kv_heads: 2,
-            k_head_dim: 512,
-            v_head_dim: 512
-        }));
     let (bs, bf) = (8192, 4096);
     // Below: 1000 (paged 1008). Naive treats sliding layers as full with their own heads: same below.
-    check(
-        &spec,
-        1000,
-        1000 * (25 * bs + 5 * bf),
-        1008 * (25 * bs + 5 * bf),
-        1000 * (25 * bs + 5 * bf),
-    );
+    check(&spec, 1000, 1000 * (25 * bs + 5 * bf), 1008 * (25 * bs + 5 * bf), 1000 * (25 * bs + 5 * bf));
     // Above: 5000 (paged 5008 for full layers, 1024 for sliding).
-    check(
-        &spec,
-        5000,
-        25 * 1024 * bs + 5 * 5000 * bf,
-        25 * 1024 * bs + 5 * 5008 * bf,
-        5000 * (25 * bs + 5 * bf),
-    );
-    assert_eq!(
-        spec.groups(),
-        ModelSpec::preset("gemma-4-26b-a4b").unwrap().groups()
-    );
+    check(&spec, 5000, 25 * 1024 * bs + 5 * 5000 * bf, 25 * 1024 * bs + 5 * 5008 * bf, 5000 * (25 * bs + 5 * bf));
+    assert_eq!(spec.groups(), ModelSpec::preset("gemma-4-26b-a4b").unwrap().groups());
 }
 
 #[test]
@@ -381,17 +236,8 @@ fn deepseek_v3_caches_the_mla_latent() {
     assert_eq!(spec.groups()[0].kind(), LayerKind::Mla { latent_dim: 576 });
     assert_eq!(spec.bytes_per_token(BF16), 70_272);
     check(&spec, 1000, 1000 * 70_272, 1008 * 70_272, 1000 * 70_272);
-    check(
-        &spec,
-        163_840,
-        163_840 * 70_272,
-        163_840 * 70_272,
-        163_840 * 70_272,
-    );
-    assert_eq!(
-        spec.groups(),
-        ModelSpec::preset("deepseek-v3").unwrap().groups()
-    );
+    check(&spec, 163_840, 163_840 * 70_272, 163_840 * 70_272, 163_840 * 70_272);
+    assert_eq!(spec.groups(), ModelSpec::preset("deepseek-v3").unwrap().groups());
 }
 
 #[test]
@@ -407,24 +253,9 @@ fn gpt_oss_20b_layer_types_and_small_window() {
     // At: 128.
     check(&spec, 128, 24 * 128 * b, 24 * 128 * b, 24 * 128 * b);
     // Above: 129 → sliding 128, full 129 (paged 144).
-    check(
-        &spec,
-        129,
-        (12 * 128 + 12 * 129) * b,
-        (12 * 128 + 12 * 144) * b,
-        24 * 129 * b,
-    );
-    check(
-        &spec,
-        32_768,
-        (12 * 128 + 12 * 32_768) * b,
-        (12 * 128 + 12 * 32_768) * b,
-        24 * 32_768 * b,
-    );
-    assert_eq!(
-        spec.groups(),
-        ModelSpec::preset("gpt-oss-20b").unwrap().groups()
-    );
+    check(&spec, 129, (12 * 128 + 12 * 129) * b, (12 * 128 + 12 * 144) * b, 24 * 129 * b);
+    check(&spec, 32_768, (12 * 128 + 12 * 32_768) * b, (12 * 128 + 12 * 32_768) * b, 24 * 32_768 * b);
+    assert_eq!(spec.groups(), ModelSpec::preset("gpt-oss-20b").unwrap().groups());
 }
 
 #[test]
@@ -435,24 +266,11 @@ fn qwen3_next_linear_layers_hold_nothing() {
     // full_attention_interval 4 → layers 3, 7, ..., 47 (12) full; 36 linear attention, no KV cache.
     // 2 KV heads × head_dim 256: B = 2 × 2 × 256 × 2 = 2048; per token 12 × 2048 = 24_576.
     assert_eq!((spec.full_layers(), spec.no_kv_layers()), (12, 36));
-    assert!(
-        spec.groups()
-            .iter()
-            .any(|g| g.kind() == LayerKind::NoKv(NoKvReason::LinearAttention))
-    );
+    assert!(spec.groups().iter().any(|g| g.kind() == LayerKind::NoKv(NoKvReason::LinearAttention)));
     assert_eq!(spec.bytes_per_token(BF16), 24_576);
     check(&spec, 1000, 1000 * 24_576, 1008 * 24_576, 1000 * 24_576);
-    check(
-        &spec,
-        262_143,
-        262_143 * 24_576,
-        262_144 * 24_576,
-        262_143 * 24_576,
-    );
-    assert_eq!(
-        spec.groups(),
-        ModelSpec::preset("qwen3-next-80b-a3b").unwrap().groups()
-    );
+    check(&spec, 262_143, 262_143 * 24_576, 262_144 * 24_576, 262_143 * 24_576);
+    assert_eq!(spec.groups(), ModelSpec::preset("qwen3-next-80b-a3b").unwrap().groups());
 }
 
 // Self-contained configs for rules no fixture shows (written from the facts, not copied).
@@ -467,44 +285,17 @@ fn gemma_4_shared_kv_layers_and_null_global_heads() {
                         "sliding_attention", "sliding_attention", "full_attention"]}}"#;
     let spec = ModelSpec::from_hf_config(json).unwrap();
     // Layers 4 and 5 reuse earlier caches: 3 sliding + 1 full (4 heads × 128, null → num_key_value_heads) + 2 shared.
-    assert_eq!(
-        (
-            spec.sliding_layers(),
-            spec.full_layers(),
-            spec.no_kv_layers()
-        ),
-        (3, 1, 2)
-    );
+    assert_eq!((spec.sliding_layers(), spec.full_layers(), spec.no_kv_layers()), (3, 1, 2));
     // Per token below the window: 3 × (2 × 4 × 64) + 1 × (2 × 4 × 128) = 1536 + 1024 = 2560 elements.
     assert_eq!(spec.bytes_per_token(KvDtype::Fp8), 2560);
 }
 
 #[test]
 fn missing_required_keys_are_named() {
-    let err =
-        ModelSpec::from_hf_config(r#"{"model_type": "deepseek_v3", "num_hidden_layers": 61}"#);
-    assert_eq!(
-        err,
-        Err(ConfigError::MissingKey {
-            key: "kv_lora_rank".into(),
-            model_type: "deepseek_v3".into()
-        })
-    );
-    let err = ModelSpec::from_hf_config(
-        r#"{"model_type": "llama", "num_hidden_layers": 2, "num_attention_heads": 4}"#,
-    );
-    assert_eq!(
-        err,
-        Err(ConfigError::MissingKey {
-            key: "hidden_size".into(),
-            model_type: "llama".into()
-        })
-    );
+    let err = ModelSpec::from_hf_config(r#"{"model_type": "deepseek_v3", "num_hidden_layers": 61}"#);
+    assert_eq!(err, Err(ConfigError::MissingKey { key: "kv_lora_rank".into(), model_type: "deepseek_v3".into() }));
+    let err = ModelSpec::from_hf_config(r#"{"model_type": "llama", "num_hidden_layers": 2, "num_attention_heads": 4}"#);
+    assert_eq!(err, Err(ConfigError::MissingKey { key: "hidden_size".into(), model_type: "llama".into() }));
     let err = ModelSpec::from_hf_config(r#"{"model_type": "mamba", "num_hidden_layers": 2}"#);
-    assert_eq!(
-        err,
-        Err(ConfigError::UnsupportedArchitecture {
-            model_type: "mamba".into()
-        })
-    );
+    assert_eq!(err, Err(ConfigError::UnsupportedArchitecture { model_type: "mamba".into() }));
 }

@@ -5,20 +5,10 @@ use proptest::prelude::*;
 
 fn kind() -> impl Strategy<Value = LayerKind> {
     prop_oneof![
-        (1u32..=64, 1u32..=512, 1u32..=512).prop_map(|(kv_heads, k_head_dim, v_head_dim)| {
-            LayerKind::Full {
-                kv_heads,
-                k_head_dim,
-                v_head_dim,
-            }
-        }),
+        (1u32..=64, 1u32..=512, 1u32..=512)
+            .prop_map(|(kv_heads, k_head_dim, v_head_dim)| { LayerKind::Full { kv_heads, k_head_dim, v_head_dim } }),
         (1u32..=64, 1u32..=512, 1u32..=512, 1u32..=200_000).prop_map(|(kv_heads, k, v, window)| {
-            LayerKind::Sliding {
-                kv_heads,
-                k_head_dim: k,
-                v_head_dim: v,
-                window,
-            }
+            LayerKind::Sliding { kv_heads, k_head_dim: k, v_head_dim: v, window }
         }),
         (1u32..=2048).prop_map(|latent_dim| LayerKind::Mla { latent_dim }),
         Just(LayerKind::NoKv(NoKvReason::LinearAttention)),
@@ -27,21 +17,13 @@ fn kind() -> impl Strategy<Value = LayerKind> {
 
 /// A spec of 1 to 5 groups with at least one layer holding a cache.
 fn spec() -> impl Strategy<Value = ModelSpec> {
-    (
-        prop::collection::vec((1u32..=128, kind()), 1..=5),
-        1u32..=64,
-        1u32..=64,
-    )
-        .prop_map(|(groups, kv, dim)| {
-            groups
-                .into_iter()
-                .fold(
-                    ModelSpec::builder("random").full(1, kv, dim),
-                    |b, (layers, kind)| b.group(layers, kind),
-                )
-                .build()
-                .expect("valid by construction")
-        })
+    (prop::collection::vec((1u32..=128, kind()), 1..=5), 1u32..=64, 1u32..=64).prop_map(|(groups, kv, dim)| {
+        groups
+            .into_iter()
+            .fold(ModelSpec::builder("random").full(1, kv, dim), |b, (layers, kind)| b.group(layers, kind))
+            .build()
+            .expect("valid by construction")
+    })
 }
 
 fn max_window(spec: &ModelSpec) -> u64 {
@@ -134,8 +116,7 @@ mod parser {
             any::<bool>().prop_map(Value::Bool),
             any::<i64>().prop_map(Value::from),
             any::<u64>().prop_map(Value::from),
-            any::<f64>()
-                .prop_map(|f| serde_json::Number::from_f64(f).map_or(Value::Null, Value::Number)),
+            any::<f64>().prop_map(|f| serde_json::Number::from_f64(f).map_or(Value::Null, Value::Number)),
             prop::sample::select(KEYS.to_vec()).prop_map(|s| Value::String(s.to_owned())),
             ".{0,12}".prop_map(Value::String),
         ];
@@ -187,10 +168,7 @@ mod parser {
     ];
 
     fn key() -> impl Strategy<Value = String> {
-        prop_oneof![
-            prop::sample::select(KEYS.to_vec()).prop_map(str::to_owned),
-            ".{0,8}"
-        ]
+        prop_oneof![prop::sample::select(KEYS.to_vec()).prop_map(str::to_owned), ".{0,8}"]
     }
 
     fn interesting() -> impl Strategy<Value = Value> {

@@ -284,8 +284,11 @@ fn stress_ten_thousand_tasks_eight_slots() {
             let outcomes = Arc::clone(&outcomes);
             handles.push(tokio::spawn(async move {
                 let seed = (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40;
-                let request = Request::new(1 + (seed % 32) as u32, (seed % 32) as u32)
-                    .priority(if seed % 5 == 0 { Priority::Batch } else { Priority::Normal });
+                let request = Request::new(1 + (seed % 32) as u32, (seed % 32) as u32).priority(if seed % 5 == 0 {
+                    Priority::Batch
+                } else {
+                    Priority::Normal
+                });
                 let fut = a.admit(&request);
                 let slot = match seed % 4 {
                     // Cancelled by the caller after a short random time.

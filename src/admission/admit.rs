@@ -8,11 +8,11 @@
 use super::permit::{Owner, Permit};
 use super::waiter::{CANCELLED, CLOSED, GRANTED, Notify, TIMED_OUT, WAITING, Waiter};
 use super::{Rejection, Request};
-use std::sync::Arc;
 use futures::task::AtomicWaker;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 /// What a request that is about to wait has already been given: its KV units, the tokens charged to the
@@ -143,7 +143,13 @@ impl Admit {
 
 /// Resolves a waiter whose state has left `WAITING`, or `None` while it still waits (after ending it if
 /// its deadline has passed at `now`).
-fn resolve(owner: &Arc<dyn Owner>, request: &Request, waiter: &Waiter, ticket: &Ticket, now: u64) -> Option<Result<Permit, Rejection>> {
+fn resolve(
+    owner: &Arc<dyn Owner>,
+    request: &Request,
+    waiter: &Waiter,
+    ticket: &Ticket,
+    now: u64,
+) -> Option<Result<Permit, Rejection>> {
     loop {
         let rejection = match waiter.state() {
             GRANTED => return Some(Ok(owner.permit_for(owner, request, ticket.kv, ticket.tokens_charged))),

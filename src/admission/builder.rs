@@ -246,8 +246,7 @@ impl<C: Clock> AdmissionBuilder<C> {
         let token_rate = match self.token_rate {
             Some((_, 0)) => return Err(ConfigError::Zero { what: "token rate burst" }),
             Some((rate, burst)) => Some(
-                TokenBucket::with_clock(rate, burst, self.clock.clone())
-                    .map_err(|e| rename_rate(e, "token rate"))?,
+                TokenBucket::with_clock(rate, burst, self.clock.clone()).map_err(|e| rename_rate(e, "token rate"))?,
             ),
             None => None,
         };

@@ -38,9 +38,9 @@ use crate::clock::{Clock, MonotonicClock, nanos_to_duration};
 use crate::error::ConfigError;
 use crate::kv::{KvDtype, ModelSpec};
 use crate::sync::Ordering;
-use std::sync::Arc;
 use permit::Owner;
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// How a request's KV reservation is computed.

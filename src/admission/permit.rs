@@ -3,8 +3,8 @@
 
 use super::core::Core;
 use crate::Priority;
-use std::sync::Arc;
 use std::fmt;
+use std::sync::Arc;
 
 /// What a permit or a waiting future needs from the (clock-generic) admission that issued it.
 pub(crate) trait Owner: Send + Sync + fmt::Debug + 'static {

@@ -114,10 +114,7 @@ impl Rejection {
             Rejection::NoCapacity { retry_after }
             | Rejection::RateLimited { retry_after }
             | Rejection::QueueFull { retry_after } => Some(*retry_after),
-            Rejection::TooLarge { .. }
-            | Rejection::TimedOut
-            | Rejection::Closed
-            | Rejection::Invalid { .. } => None,
+            Rejection::TooLarge { .. } | Rejection::TimedOut | Rejection::Closed | Rejection::Invalid { .. } => None,
         }
     }
 
@@ -138,10 +135,7 @@ impl Rejection {
     pub const fn http_status(&self) -> u16 {
         match self {
             Rejection::RateLimited { .. } => 429,
-            Rejection::NoCapacity { .. }
-            | Rejection::QueueFull { .. }
-            | Rejection::TimedOut
-            | Rejection::Closed => 503,
+            Rejection::NoCapacity { .. } | Rejection::QueueFull { .. } | Rejection::TimedOut | Rejection::Closed => 503,
             Rejection::TooLarge { .. } => 413,
             Rejection::Invalid { .. } => 400,
         }

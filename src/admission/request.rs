@@ -30,8 +30,7 @@ impl Priority {
     pub const COUNT: usize = 3;
 
     /// All classes, highest first (the order in which waiters are served).
-    pub const HIGHEST_FIRST: [Priority; Priority::COUNT] =
-        [Priority::Interactive, Priority::Normal, Priority::Batch];
+    pub const HIGHEST_FIRST: [Priority; Priority::COUNT] = [Priority::Interactive, Priority::Normal, Priority::Batch];
 
     /// Dense index of this class (`Batch` = 0 … `Interactive` = 2).
     #[inline]

@@ -89,9 +89,8 @@ mod real {
             if !state.thread_running {
                 let inner = Arc::clone(&self.inner);
                 let owner = Arc::downgrade(owner);
-                let spawned = std::thread::Builder::new()
-                    .name("kvgate-timer".into())
-                    .spawn(move || run(&inner, &owner));
+                let spawned =
+                    std::thread::Builder::new().name("kvgate-timer".into()).spawn(move || run(&inner, &owner));
                 // If no thread can be spawned, deadlines are still enforced whenever the waiter is
                 // polled, on every release, and by `expire_waiters`.
                 state.thread_running = spawned.is_ok();

@@ -86,11 +86,7 @@ impl FromStr for KvDtype {
             "fp16" | "f16" | "float16" => Ok(KvDtype::F16),
             "fp32" | "f32" | "float32" => Ok(KvDtype::F32),
             "fp8" | "fp8_e4m3" | "fp8_e5m2" => Ok(KvDtype::Fp8),
-            _ => Err(ConfigError::UnknownName {
-                what: "dtype",
-                name: s.to_owned(),
-                known: Self::NAMES.to_owned(),
-            }),
+            _ => Err(ConfigError::UnknownName { what: "dtype", name: s.to_owned(), known: Self::NAMES.to_owned() }),
         }
     }
 }
@@ -105,9 +101,6 @@ mod tests {
             assert_eq!(dtype.to_string().parse::<KvDtype>(), Ok(dtype));
         }
         assert_eq!("F16".parse::<KvDtype>(), Ok(KvDtype::F16));
-        assert!(matches!(
-            "int4".parse::<KvDtype>(),
-            Err(ConfigError::UnknownName { .. })
-        ));
+        assert!(matches!("int4".parse::<KvDtype>(), Err(ConfigError::UnknownName { .. })));
     }
 }

@@ -120,14 +120,9 @@ impl GpuPlan {
     /// # Ok::<(), kvgate::ConfigError>(())
     /// ```
     pub fn gpu_memory(name: &str) -> Result<u64, ConfigError> {
-        GPUS.iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|&(_, bytes)| bytes)
-            .ok_or_else(|| ConfigError::UnknownName {
-                what: "GPU",
-                name: name.to_owned(),
-                known: Self::gpu_names().join(", "),
-            })
+        GPUS.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|&(_, bytes)| bytes).ok_or_else(|| {
+            ConfigError::UnknownName { what: "GPU", name: name.to_owned(), known: Self::gpu_names().join(", ") }
+        })
     }
 
     /// The model planned for.
@@ -199,8 +194,7 @@ impl GpuPlan {
     /// KV pool of the whole tensor-parallel group: per-GPU pool × degree.
     #[must_use]
     pub fn kv_pool_bytes(&self) -> u64 {
-        self.pool_per_gpu
-            .saturating_mul(u64::from(self.tensor_parallel))
+        self.pool_per_gpu.saturating_mul(u64::from(self.tensor_parallel))
     }
 
     /// Bytes of one block on one GPU: `block_size` tokens in every layer that has a cache.
@@ -226,8 +220,7 @@ impl GpuPlan {
     /// Bytes one sequence of `tokens` tokens holds on each GPU, paged and window-aware.
     #[must_use]
     pub fn sequence_bytes_per_gpu(&self, tokens: u64) -> u64 {
-        self.shard
-            .kv_bytes_paged(tokens, self.kv_dtype, self.block_size)
+        self.shard.kv_bytes_paged(tokens, self.kv_dtype, self.block_size)
     }
 
     /// How many sequences of `context_tokens` tokens each fit at once (each rounded up to whole blocks, each
@@ -433,61 +426,27 @@ mod tests {
         assert_eq!(plan.block_bytes_per_gpu(), 2 * MIB);
         assert_eq!(plan.num_blocks(), plan.kv_pool_bytes() / (2 * MIB));
         assert_eq!(plan.max_tokens(), plan.num_blocks() * 16);
-        assert_eq!(
-            plan.max_sequences(8192),
-            plan.kv_pool_bytes() / (8192 * 131_072)
-        );
+        assert_eq!(plan.max_sequences(8192), plan.kv_pool_bytes() / (8192 * 131_072));
     }
 
     #[test]
     fn invalid_settings_are_refused() {
-        assert!(matches!(
-            llama8b().memory_utilization(0.0).build(),
-            Err(ConfigError::OutOfRange { .. })
-        ));
-        assert!(matches!(
-            llama8b().memory_utilization(1.5).build(),
-            Err(ConfigError::OutOfRange { .. })
-        ));
-        assert!(matches!(
-            llama8b().memory_utilization(f64::NAN).build(),
-            Err(ConfigError::OutOfRange { .. })
-        ));
-        assert!(matches!(
-            llama8b().gpu("tpu").build(),
-            Err(ConfigError::UnknownName { .. })
-        ));
-        assert!(matches!(
-            llama8b().tensor_parallel(3).build(),
-            Err(ConfigError::Conflict(_))
-        ));
-        assert!(matches!(
-            llama8b().tensor_parallel(0).build(),
-            Err(ConfigError::Zero { .. })
-        ));
-        assert!(matches!(
-            llama8b().block_size(0).build(),
-            Err(ConfigError::Zero { .. })
-        ));
-        assert!(matches!(
-            llama8b().weight_bytes(u64::MAX).build(),
-            Err(ConfigError::Conflict(_))
-        ));
+        assert!(matches!(llama8b().memory_utilization(0.0).build(), Err(ConfigError::OutOfRange { .. })));
+        assert!(matches!(llama8b().memory_utilization(1.5).build(), Err(ConfigError::OutOfRange { .. })));
+        assert!(matches!(llama8b().memory_utilization(f64::NAN).build(), Err(ConfigError::OutOfRange { .. })));
+        assert!(matches!(llama8b().gpu("tpu").build(), Err(ConfigError::UnknownName { .. })));
+        assert!(matches!(llama8b().tensor_parallel(3).build(), Err(ConfigError::Conflict(_))));
+        assert!(matches!(llama8b().tensor_parallel(0).build(), Err(ConfigError::Zero { .. })));
+        assert!(matches!(llama8b().block_size(0).build(), Err(ConfigError::Zero { .. })));
+        assert!(matches!(llama8b().weight_bytes(u64::MAX).build(), Err(ConfigError::Conflict(_))));
         let no_params = ModelSpec::builder("x").full(1, 1, 1).build().unwrap();
-        assert!(matches!(
-            GpuPlan::builder(no_params).gpu("l4").build(),
-            Err(ConfigError::Conflict(_))
-        ));
+        assert!(matches!(GpuPlan::builder(no_params).gpu("l4").build(), Err(ConfigError::Conflict(_))));
     }
 
     #[test]
     fn tensor_parallel_keeps_tokens_and_multiplies_pool() {
         let spec = ModelSpec::preset("llama-3.1-8b").unwrap();
-        let plan = GpuPlan::builder(spec)
-            .gpu("l4")
-            .tensor_parallel(2)
-            .build()
-            .unwrap();
+        let plan = GpuPlan::builder(spec).gpu("l4").tensor_parallel(2).build().unwrap();
         assert_eq!(plan.kv_pool_bytes(), 2 * plan.kv_pool_bytes_per_gpu());
         assert_eq!(plan.block_bytes_per_gpu(), MIB);
     }

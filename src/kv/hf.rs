@@ -68,16 +68,10 @@ impl Section<'_> {
         let Some(v) = self.get(key) else {
             return Ok(None);
         };
-        v.as_u64()
-            .and_then(|n| u32::try_from(n).ok())
-            .map(Some)
-            .ok_or_else(|| ConfigError::InvalidKey {
-                key: self.path(key),
-                reason: format!(
-                    "expected a non-negative integer up to {}, found {v}",
-                    u32::MAX
-                ),
-            })
+        v.as_u64().and_then(|n| u32::try_from(n).ok()).map(Some).ok_or_else(|| ConfigError::InvalidKey {
+            key: self.path(key),
+            reason: format!("expected a non-negative integer up to {}, found {v}", u32::MAX),
+        })
     }
 
     fn u32_req(&self, key: &str) -> Result<u32, ConfigError> {
@@ -88,27 +82,19 @@ impl Section<'_> {
         let Some(v) = self.get(key) else {
             return Ok(None);
         };
-        v.as_bool()
-            .map(Some)
-            .ok_or_else(|| ConfigError::InvalidKey {
-                key: self.path(key),
-                reason: format!("expected true or false, found {v}"),
-            })
+        v.as_bool().map(Some).ok_or_else(|| ConfigError::InvalidKey {
+            key: self.path(key),
+            reason: format!("expected true or false, found {v}"),
+        })
     }
 
     fn missing(&self, key: &str) -> ConfigError {
-        ConfigError::MissingKey {
-            key: self.path(key),
-            model_type: self.model_type.to_owned(),
-        }
+        ConfigError::MissingKey { key: self.path(key), model_type: self.model_type.to_owned() }
     }
 
     fn nonzero(&self, key: &str, value: u32) -> Result<u32, ConfigError> {
         if value == 0 {
-            return Err(ConfigError::InvalidKey {
-                key: self.path(key),
-                reason: "must be at least 1".into(),
-            });
+            return Err(ConfigError::InvalidKey { key: self.path(key), reason: "must be at least 1".into() });
         }
         Ok(value)
     }
@@ -183,12 +169,9 @@ impl ModelSpec {
     /// ```
     #[cfg_attr(docsrs, doc(cfg(feature = "hf-config")))]
     pub fn from_hf_config(json: &str) -> Result<ModelSpec, ConfigError> {
-        let root: Value =
-            serde_json::from_str(json).map_err(|e| ConfigError::InvalidJson(e.to_string()))?;
+        let root: Value = serde_json::from_str(json).map_err(|e| ConfigError::InvalidJson(e.to_string()))?;
         let Some(root) = root.as_object() else {
-            return Err(ConfigError::InvalidJson(
-                "the top level is not an object".into(),
-            ));
+            return Err(ConfigError::InvalidJson("the top level is not an object".into()));
         };
         let top_type = match root.get("model_type") {
             Some(Value::String(s)) => s.as_str(),
@@ -199,23 +182,12 @@ impl ModelSpec {
                 });
             }
             None => {
-                return Err(ConfigError::MissingKey {
-                    key: "model_type".into(),
-                    model_type: "unknown".into(),
-                });
+                return Err(ConfigError::MissingKey { key: "model_type".into(), model_type: "unknown".into() });
             }
         };
         let sec = match root.get("text_config") {
-            Some(Value::Object(obj)) => Section {
-                obj,
-                prefix: "text_config.",
-                model_type: top_type,
-            },
-            Some(Value::Null) | None => Section {
-                obj: root,
-                prefix: "",
-                model_type: top_type,
-            },
+            Some(Value::Object(obj)) => Section { obj, prefix: "text_config.", model_type: top_type },
+            Some(Value::Null) | None => Section { obj: root, prefix: "", model_type: top_type },
             Some(other) => {
                 return Err(ConfigError::InvalidKey {
                     key: "text_config".into(),
@@ -230,19 +202,14 @@ impl ModelSpec {
             .into_iter()
             .flatten()
             .find_map(family_of)
-            .ok_or_else(|| ConfigError::UnsupportedArchitecture {
-                model_type: top_type.to_owned(),
-            })?;
+            .ok_or_else(|| ConfigError::UnsupportedArchitecture { model_type: top_type.to_owned() })?;
         parse(&sec, family)
     }
 }
 
 fn family_of(model_type: &str) -> Option<Family> {
     let base = model_type.strip_suffix("_text").unwrap_or(model_type);
-    MODEL_TYPES
-        .iter()
-        .find(|(name, _)| *name == base)
-        .map(|&(_, f)| f)
+    MODEL_TYPES.iter().find(|(name, _)| *name == base).map(|&(_, f)| f)
 }
 
 fn parse(sec: &Section<'_>, family: Family) -> Result<ModelSpec, ConfigError> {
@@ -252,12 +219,10 @@ fn parse(sec: &Section<'_>, family: Family) -> Result<ModelSpec, ConfigError> {
     if family == Family::DeepSeek {
         let rank = sec.u32_req("kv_lora_rank")?;
         let rope = sec.u32_req("qk_rope_head_dim")?;
-        let latent = rank
-            .checked_add(rope)
-            .ok_or_else(|| ConfigError::InvalidKey {
-                key: sec.path("kv_lora_rank"),
-                reason: "kv_lora_rank + qk_rope_head_dim overflows".into(),
-            })?;
+        let latent = rank.checked_add(rope).ok_or_else(|| ConfigError::InvalidKey {
+            key: sec.path("kv_lora_rank"),
+            reason: "kv_lora_rank + qk_rope_head_dim overflows".into(),
+        })?;
         return builder.mla(layers, latent).build();
     }
 
@@ -282,9 +247,7 @@ fn parse(sec: &Section<'_>, family: Family) -> Result<ModelSpec, ConfigError> {
         (None, Family::GptOss) => Some(128),
         (None, _) => None,
     };
-    let sliding_enabled = sec
-        .bool_opt("use_sliding_window")?
-        .unwrap_or(!matches!(family, Family::Qwen2));
+    let sliding_enabled = sec.bool_opt("use_sliding_window")?.unwrap_or(!matches!(family, Family::Qwen2));
 
     let slots = layer_slots(sec, family, layers, window.is_some() && sliding_enabled)?;
 
@@ -301,11 +264,7 @@ fn parse(sec: &Section<'_>, family: Family) -> Result<ModelSpec, ConfigError> {
     } else {
         (kv_heads, head_dim)
     };
-    let shared = if family == Family::Gemma4 {
-        sec.u32_opt("num_kv_shared_layers")?.unwrap_or(0)
-    } else {
-        0
-    };
+    let shared = if family == Family::Gemma4 { sec.u32_opt("num_kv_shared_layers")?.unwrap_or(0) } else { 0 };
     if shared > layers {
         return Err(ConfigError::InvalidKey {
             key: sec.path("num_kv_shared_layers"),
@@ -313,11 +272,7 @@ fn parse(sec: &Section<'_>, family: Family) -> Result<ModelSpec, ConfigError> {
         });
     }
 
-    let full = LayerKind::Full {
-        kv_heads: global_heads,
-        k_head_dim: global_dim,
-        v_head_dim: global_dim,
-    };
+    let full = LayerKind::Full { kv_heads: global_heads, k_head_dim: global_dim, v_head_dim: global_dim };
     let mut b = builder;
     for (i, slot) in slots.enumerate() {
         let slot = slot?;
@@ -328,12 +283,7 @@ fn parse(sec: &Section<'_>, family: Family) -> Result<ModelSpec, ConfigError> {
                 Slot::Full => full,
                 Slot::Sliding if !sliding_enabled => full,
                 Slot::Sliding => match window {
-                    Some(window) => LayerKind::Sliding {
-                        kv_heads,
-                        k_head_dim: head_dim,
-                        v_head_dim: head_dim,
-                        window,
-                    },
+                    Some(window) => LayerKind::Sliding { kv_heads, k_head_dim: head_dim, v_head_dim: head_dim, window },
                     None => return Err(sec.missing("sliding_window")),
                 },
                 Slot::NoKv(reason) => LayerKind::NoKv(reason),
@@ -373,10 +323,7 @@ fn layer_slots<'a>(
         if list.len() != layers as usize {
             return Err(ConfigError::InvalidKey {
                 key: sec.path("layer_types"),
-                reason: format!(
-                    "has {} entries but num_hidden_layers is {layers}",
-                    list.len()
-                ),
+                reason: format!("has {} entries but num_hidden_layers is {layers}", list.len()),
             });
         }
         return Ok(Box::new(list.iter().map(move |t| match t.as_str() {
@@ -392,45 +339,24 @@ fn layer_slots<'a>(
             }),
         })));
     }
-    let all = move |slot: Slot| -> Box<dyn Iterator<Item = _>> {
-        Box::new((0..layers).map(move |_| Ok(slot)))
-    };
+    let all = move |slot: Slot| -> Box<dyn Iterator<Item = _>> { Box::new((0..layers).map(move |_| Ok(slot))) };
     let uniform = if sliding { Slot::Sliding } else { Slot::Full };
     Ok(match family {
         Family::Gemma2 | Family::GptOss => {
             Box::new((0..layers).map(move |i| Ok(if i % 2 == 0 { uniform } else { Slot::Full })))
         }
         Family::Gemma3 => {
-            let pattern = sec.nonzero(
-                "sliding_window_pattern",
-                sec.u32_opt("sliding_window_pattern")?.unwrap_or(6),
-            )?;
-            Box::new((0..layers).map(move |i| {
-                Ok(if (i + 1) % pattern == 0 {
-                    Slot::Full
-                } else {
-                    uniform
-                })
-            }))
+            let pattern = sec.nonzero("sliding_window_pattern", sec.u32_opt("sliding_window_pattern")?.unwrap_or(6))?;
+            Box::new((0..layers).map(move |i| Ok(if (i + 1) % pattern == 0 { Slot::Full } else { uniform })))
         }
         Family::Qwen3Next => {
-            let every = sec.nonzero(
-                "full_attention_interval",
-                sec.u32_opt("full_attention_interval")?.unwrap_or(4),
-            )?;
+            let every = sec.nonzero("full_attention_interval", sec.u32_opt("full_attention_interval")?.unwrap_or(4))?;
             Box::new((0..layers).map(move |i| {
-                Ok(if (i + 1) % every == 0 {
-                    Slot::Full
-                } else {
-                    Slot::NoKv(NoKvReason::LinearAttention)
-                })
+                Ok(if (i + 1) % every == 0 { Slot::Full } else { Slot::NoKv(NoKvReason::LinearAttention) })
             }))
         }
         Family::Jamba => {
-            let period = sec.nonzero(
-                "attn_layer_period",
-                sec.u32_opt("attn_layer_period")?.unwrap_or(8),
-            )?;
+            let period = sec.nonzero("attn_layer_period", sec.u32_opt("attn_layer_period")?.unwrap_or(8))?;
             let offset = sec.u32_opt("attn_layer_offset")?.unwrap_or(4);
             if offset >= period {
                 return Err(ConfigError::InvalidKey {
@@ -438,13 +364,10 @@ fn layer_slots<'a>(
                     reason: format!("{offset} is not below attn_layer_period {period}"),
                 });
             }
-            Box::new((0..layers).map(move |i| {
-                Ok(if i % period == offset {
-                    uniform
-                } else {
-                    Slot::NoKv(NoKvReason::Mamba)
-                })
-            }))
+            Box::new(
+                (0..layers)
+                    .map(move |i| Ok(if i % period == offset { uniform } else { Slot::NoKv(NoKvReason::Mamba) })),
+            )
         }
         Family::Qwen2 => {
             let from = sec.u32_opt("max_window_layers")?.unwrap_or(0);
@@ -469,23 +392,11 @@ mod tests {
     fn errors_name_the_key() {
         assert!(matches!(err("[]"), ConfigError::InvalidJson(_)));
         assert!(matches!(err("{"), ConfigError::InvalidJson(_)));
-        assert_eq!(
-            err("{}"),
-            ConfigError::MissingKey {
-                key: "model_type".into(),
-                model_type: "unknown".into()
-            }
-        );
-        assert!(matches!(
-            err(r#"{"model_type":"bert"}"#),
-            ConfigError::UnsupportedArchitecture { .. }
-        ));
+        assert_eq!(err("{}"), ConfigError::MissingKey { key: "model_type".into(), model_type: "unknown".into() });
+        assert!(matches!(err(r#"{"model_type":"bert"}"#), ConfigError::UnsupportedArchitecture { .. }));
         assert_eq!(
             err(r#"{"model_type":"gemma3","text_config":{"num_key_value_heads":8}}"#),
-            ConfigError::MissingKey {
-                key: "text_config.num_hidden_layers".into(),
-                model_type: "gemma3".into()
-            }
+            ConfigError::MissingKey { key: "text_config.num_hidden_layers".into(), model_type: "gemma3".into() }
         );
         assert!(matches!(
             err(r#"{"model_type":"llama","num_hidden_layers":2,"num_attention_heads":3,"hidden_size":100}"#),

@@ -7,20 +7,11 @@ use crate::ConfigError;
 type Preset = (&'static str, u64, &'static [(u32, LayerKind)]);
 
 const fn full(kv_heads: u32, head_dim: u32) -> LayerKind {
-    LayerKind::Full {
-        kv_heads,
-        k_head_dim: head_dim,
-        v_head_dim: head_dim,
-    }
+    LayerKind::Full { kv_heads, k_head_dim: head_dim, v_head_dim: head_dim }
 }
 
 const fn sliding(kv_heads: u32, head_dim: u32, window: u32) -> LayerKind {
-    LayerKind::Sliding {
-        kv_heads,
-        k_head_dim: head_dim,
-        v_head_dim: head_dim,
-        window,
-    }
+    LayerKind::Sliding { kv_heads, k_head_dim: head_dim, v_head_dim: head_dim, window }
 }
 
 const LINEAR: LayerKind = LayerKind::NoKv(NoKvReason::LinearAttention);
@@ -96,13 +87,7 @@ impl ModelSpec {
                 name: name.to_owned(),
                 known: Self::preset_names().join(", "),
             })?;
-        groups
-            .iter()
-            .fold(ModelSpec::builder(name), |b, &(layers, kind)| {
-                b.group(layers, kind)
-            })
-            .params(params)
-            .build()
+        groups.iter().fold(ModelSpec::builder(name), |b, &(layers, kind)| b.group(layers, kind)).params(params).build()
     }
 
     /// The names [`ModelSpec::preset`] accepts.
@@ -129,9 +114,6 @@ mod tests {
             assert_eq!(spec.name(), name);
             assert!(spec.params().is_some(), "{name}");
         }
-        assert_eq!(
-            ModelSpec::preset("Gemma-3-27B").unwrap().name(),
-            "gemma-3-27b"
-        );
+        assert_eq!(ModelSpec::preset("Gemma-3-27B").unwrap().name(), "gemma-3-27b");
     }
 }

@@ -61,17 +61,8 @@ impl LayerKind {
     #[must_use]
     pub const fn attention_dims(&self) -> Option<(u32, u32, u32)> {
         match *self {
-            LayerKind::Full {
-                kv_heads,
-                k_head_dim,
-                v_head_dim,
-            }
-            | LayerKind::Sliding {
-                kv_heads,
-                k_head_dim,
-                v_head_dim,
-                ..
-            } => Some((kv_heads, k_head_dim, v_head_dim)),
+            LayerKind::Full { kv_heads, k_head_dim, v_head_dim }
+            | LayerKind::Sliding { kv_heads, k_head_dim, v_head_dim, .. } => Some((kv_heads, k_head_dim, v_head_dim)),
             LayerKind::Mla { .. } | LayerKind::NoKv(_) => None,
         }
     }
@@ -109,16 +100,9 @@ impl LayerKind {
     #[must_use]
     pub const fn as_full(&self) -> LayerKind {
         match *self {
-            LayerKind::Sliding {
-                kv_heads,
-                k_head_dim,
-                v_head_dim,
-                ..
-            } => LayerKind::Full {
-                kv_heads,
-                k_head_dim,
-                v_head_dim,
-            },
+            LayerKind::Sliding { kv_heads, k_head_dim, v_head_dim, .. } => {
+                LayerKind::Full { kv_heads, k_head_dim, v_head_dim }
+            }
             other => other,
         }
     }
@@ -144,25 +128,12 @@ impl LayerKind {
 impl fmt::Display for LayerKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
-            LayerKind::Full {
-                kv_heads,
-                k_head_dim,
-                v_head_dim,
-            } => {
-                write!(
-                    f,
-                    "full attention, {kv_heads} KV heads x (K {k_head_dim} + V {v_head_dim})"
-                )
+            LayerKind::Full { kv_heads, k_head_dim, v_head_dim } => {
+                write!(f, "full attention, {kv_heads} KV heads x (K {k_head_dim} + V {v_head_dim})")
             }
-            LayerKind::Sliding {
-                kv_heads,
-                k_head_dim,
-                v_head_dim,
-                window,
-            } => write!(
-                f,
-                "sliding window {window}, {kv_heads} KV heads x (K {k_head_dim} + V {v_head_dim})"
-            ),
+            LayerKind::Sliding { kv_heads, k_head_dim, v_head_dim, window } => {
+                write!(f, "sliding window {window}, {kv_heads} KV heads x (K {k_head_dim} + V {v_head_dim})")
+            }
             LayerKind::Mla { latent_dim } => write!(f, "MLA latent, {latent_dim} per token"),
             LayerKind::NoKv(reason) => write!(f, "no KV cache ({reason:?})"),
         }
@@ -223,11 +194,7 @@ impl ModelSpec {
     /// Starts a hand-built spec called `name`.
     #[must_use]
     pub fn builder(name: impl Into<String>) -> ModelSpecBuilder {
-        ModelSpecBuilder {
-            name: name.into(),
-            groups: Vec::new(),
-            params: None,
-        }
+        ModelSpecBuilder { name: name.into(), groups: Vec::new(), params: None }
     }
 
     /// The model's name (a preset name, the `model_type` of a parsed config, or what the builder was given).
@@ -273,11 +240,7 @@ impl ModelSpec {
     }
 
     fn count(&self, pred: impl Fn(&LayerKind) -> bool) -> u32 {
-        self.groups
-            .iter()
-            .filter(|g| pred(&g.kind))
-            .map(|g| g.layers)
-            .sum()
+        self.groups.iter().filter(|g| pred(&g.kind)).map(|g| g.layers).sum()
     }
 
     /// The parameter count, when known (presets know it; parsed configs do not), for sizing weights.
@@ -321,11 +284,7 @@ impl ModelSpec {
     #[must_use]
     pub fn kv_bytes_paged(&self, tokens: u64, dtype: KvDtype, block_size: u32) -> u64 {
         let block = u64::from(block_size.max(1));
-        self.sum(dtype, |kind| {
-            kind.tokens_held(tokens)
-                .div_ceil(block)
-                .saturating_mul(block)
-        })
+        self.sum(dtype, |kind| kind.tokens_held(tokens).div_ceil(block).saturating_mul(block))
     }
 
     /// The widely shared estimate: every attention layer treated as full attention (sliding windows
@@ -348,25 +307,14 @@ impl ModelSpec {
     /// hold a cache. This is `kv_bytes(1, dtype)`, and the naive estimate's bytes per token.
     #[must_use]
     pub fn bytes_per_token(&self, dtype: KvDtype) -> u64 {
-        self.sum(dtype, |kind| {
-            if matches!(kind, LayerKind::NoKv(_)) {
-                0
-            } else {
-                1
-            }
-        })
+        self.sum(dtype, |kind| if matches!(kind, LayerKind::NoKv(_)) { 0 } else { 1 })
     }
 
     /// Bytes each token adds once the sequence is longer than every window: the sum over full-attention
     /// and MLA layers only.
     #[must_use]
     pub fn bytes_per_token_past_windows(&self, dtype: KvDtype) -> u64 {
-        self.sum(dtype, |kind| {
-            u64::from(matches!(
-                kind,
-                LayerKind::Full { .. } | LayerKind::Mla { .. }
-            ))
-        })
+        self.sum(dtype, |kind| u64::from(matches!(kind, LayerKind::Full { .. } | LayerKind::Mla { .. })))
     }
 
     /// Bytes of one block of `block_size` tokens across every layer holding a cache (`block_size` 0 counts
@@ -374,8 +322,7 @@ impl ModelSpec {
     /// the unit its `available_memory // page_bytes` rule divides by.
     #[must_use]
     pub fn block_bytes(&self, dtype: KvDtype, block_size: u32) -> u64 {
-        self.bytes_per_token(dtype)
-            .saturating_mul(u64::from(block_size.max(1)))
+        self.bytes_per_token(dtype).saturating_mul(u64::from(block_size.max(1)))
     }
 
     /// Sum over groups of `layers * tokens(kind) * elements_per_token(kind) * dtype bytes`, saturating.
@@ -383,9 +330,7 @@ impl ModelSpec {
     fn sum(&self, dtype: KvDtype, tokens: impl Fn(&LayerKind) -> u64) -> u64 {
         self.groups.iter().fold(0u64, |acc, g| {
             let per_layer = g.kind.elements_per_token().saturating_mul(dtype.bytes());
-            let bytes = per_layer
-                .saturating_mul(u64::from(g.layers))
-                .saturating_mul(tokens(&g.kind));
+            let bytes = per_layer.saturating_mul(u64::from(g.layers)).saturating_mul(tokens(&g.kind));
             acc.saturating_add(bytes)
         })
     }
@@ -413,9 +358,7 @@ impl ModelSpec {
     /// ```
     pub fn tensor_parallel_shard(&self, tp: u32) -> Result<ModelSpec, ConfigError> {
         if tp == 0 {
-            return Err(ConfigError::Zero {
-                what: "tensor-parallel degree",
-            });
+            return Err(ConfigError::Zero { what: "tensor-parallel degree" });
         }
         let mut shard = self.clone();
         for group in &mut shard.groups {
@@ -464,28 +407,13 @@ impl ModelSpecBuilder {
     /// Adds `layers` full-attention layers with `kv_heads` heads of `head_dim` (keys and values alike).
     #[must_use]
     pub fn full(self, layers: u32, kv_heads: u32, head_dim: u32) -> Self {
-        self.group(
-            layers,
-            LayerKind::Full {
-                kv_heads,
-                k_head_dim: head_dim,
-                v_head_dim: head_dim,
-            },
-        )
+        self.group(layers, LayerKind::Full { kv_heads, k_head_dim: head_dim, v_head_dim: head_dim })
     }
 
     /// Adds `layers` sliding-window layers keeping the last `window` tokens.
     #[must_use]
     pub fn sliding(self, layers: u32, kv_heads: u32, head_dim: u32, window: u32) -> Self {
-        self.group(
-            layers,
-            LayerKind::Sliding {
-                kv_heads,
-                k_head_dim: head_dim,
-                v_head_dim: head_dim,
-                window,
-            },
-        )
+        self.group(layers, LayerKind::Sliding { kv_heads, k_head_dim: head_dim, v_head_dim: head_dim, window })
     }
 
     /// Adds `layers` MLA layers storing `latent_dim` elements per token (`kv_lora_rank + qk_rope_head_dim`).
@@ -526,9 +454,7 @@ impl ModelSpecBuilder {
         let mut per_token: u64 = 0;
         for g in &self.groups {
             if g.layers == 0 {
-                return Err(ConfigError::Zero {
-                    what: "layers in a group",
-                });
+                return Err(ConfigError::Zero { what: "layers in a group" });
             }
             g.kind.validate()?;
             // A saturated element count (u64::MAX) fails the first multiplication, so overflow is caught.
@@ -537,26 +463,18 @@ impl ModelSpecBuilder {
                 .elements_per_token()
                 .checked_mul(KvDtype::F32.bytes())
                 .and_then(|b| b.checked_mul(u64::from(g.layers)));
-            per_token = bytes.and_then(|b| per_token.checked_add(b)).ok_or_else(|| {
-                ConfigError::OutOfRange {
-                    what: "model size",
-                    reason: format!(
-                        "{}: one token's KV bytes across all layers overflow u64; check heads, head sizes and layers",
-                        self.name
-                    ),
-                }
+            per_token = bytes.and_then(|b| per_token.checked_add(b)).ok_or_else(|| ConfigError::OutOfRange {
+                what: "model size",
+                reason: format!(
+                    "{}: one token's KV bytes across all layers overflow u64; check heads, head sizes and layers",
+                    self.name
+                ),
             })?;
         }
         if per_token == 0 {
-            return Err(ConfigError::Zero {
-                what: "layers holding a KV cache",
-            });
+            return Err(ConfigError::Zero { what: "layers holding a KV cache" });
         }
-        Ok(ModelSpec {
-            name: self.name,
-            groups: self.groups,
-            params: self.params,
-        })
+        Ok(ModelSpec { name: self.name, groups: self.groups, params: self.params })
     }
 }
 
@@ -574,31 +492,19 @@ mod tests {
             .build()
             .unwrap();
         assert_eq!(spec.groups().len(), 3);
-        assert_eq!(
-            (
-                spec.sliding_layers(),
-                spec.full_layers(),
-                spec.no_kv_layers()
-            ),
-            (10, 1, 2)
-        );
+        assert_eq!((spec.sliding_layers(), spec.full_layers(), spec.no_kv_layers()), (10, 1, 2));
         assert_eq!(spec.num_layers(), 13);
     }
 
     #[test]
     fn absurd_sizes_are_refused_and_bytes_saturate() {
-        let too_big = ModelSpec::builder("x")
-            .full(u32::MAX, u32::MAX, u32::MAX)
-            .build();
+        let too_big = ModelSpec::builder("x").full(u32::MAX, u32::MAX, u32::MAX).build();
         assert!(matches!(too_big, Err(ConfigError::OutOfRange { .. })));
         let spec = ModelSpec::builder("x").full(1, 1, 1).build().unwrap();
         assert_eq!(spec.kv_bytes(u64::MAX, KvDtype::F32), u64::MAX);
         assert_eq!(spec.kv_bytes_paged(u64::MAX, KvDtype::Fp8, 16), u64::MAX);
         assert_eq!(spec.kv_bytes_paged(10, KvDtype::Fp8, 0), 20);
-        assert!(matches!(
-            ModelSpec::builder("x").no_kv(3, NoKvReason::Mamba).build(),
-            Err(ConfigError::Zero { .. })
-        ));
+        assert!(matches!(ModelSpec::builder("x").no_kv(3, NoKvReason::Mamba).build(), Err(ConfigError::Zero { .. })));
     }
 
     #[test]

@@ -1,0 +1,135 @@
+//! `TokenBucket` against governor's direct rate limiter, in the same run.
+//!
+//! Both limiters use a very high rate and a huge burst so that every acquisition succeeds: this measures
+//! the success path (the common one in admission control). `cargo bench --bench bucket`.
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use governor::{Quota, RateLimiter};
+use kvgate::bucket::TokenBucket;
+use std::hint::black_box;
+use std::num::NonZeroU32;
+use std::sync::{Arc, Barrier};
+use std::thread;
+use std::time::{Duration, Instant};
+
+const BURST: u32 = u32::MAX;
+
+fn kv_bucket() -> TokenBucket {
+    TokenBucket::new(1e9, u64::from(BURST)).unwrap()
+}
+
+/// The TSC clock governor uses by default, behind kvgate's `Clock` trait: compares the limiters alone.
+#[derive(Debug, Clone)]
+struct QuantaClock {
+    clock: quanta::Clock,
+    origin: quanta::Instant,
+}
+
+impl kvgate::clock::Clock for QuantaClock {
+    #[inline]
+    fn now_nanos(&self) -> u64 {
+        self.clock.now().saturating_duration_since(self.origin).as_nanos() as u64
+    }
+}
+
+fn kv_quanta() -> TokenBucket<QuantaClock> {
+    let clock = quanta::Clock::new();
+    let origin = clock.now();
+    TokenBucket::with_clock(1e9, u64::from(BURST), QuantaClock { clock, origin }).unwrap()
+}
+
+fn gov() -> governor::DefaultDirectRateLimiter {
+    let burst = NonZeroU32::new(BURST).unwrap();
+    RateLimiter::direct(Quota::per_second(NonZeroU32::new(1_000_000_000).unwrap()).allow_burst(burst))
+}
+
+fn single_thread(c: &mut Criterion) {
+    let mut group = c.benchmark_group("bucket");
+    let kv = kv_bucket();
+    group.bench_function("kvgate try_acquire(1)", |b| b.iter(|| black_box(kv.try_acquire(black_box(1)))));
+    let kv = kv_quanta();
+    group.bench_function("kvgate try_acquire(1) quanta clock", |b| b.iter(|| black_box(kv.try_acquire(black_box(1)))));
+    let kv = kv_bucket();
+    let mut now = 0u64;
+    group.bench_function("kvgate try_acquire_at(1) time supplied", |b| {
+        b.iter(|| {
+            now += 1;
+            black_box(kv.try_acquire_at(black_box(1), now))
+        })
+    });
+    let g = gov();
+    group.bench_function("governor check()", |b| b.iter(|| black_box(g.check())));
+    let kv = kv_quanta();
+    group
+        .bench_function("kvgate try_acquire(10) quanta clock", |b| b.iter(|| black_box(kv.try_acquire(black_box(10)))));
+    let kv = kv_bucket();
+    group.bench_function("kvgate try_acquire(10)", |b| b.iter(|| black_box(kv.try_acquire(black_box(10)))));
+    let g = gov();
+    let ten = NonZeroU32::new(10).unwrap();
+    group.bench_function("governor check_n(10)", |b| b.iter(|| black_box(g.check_n(black_box(ten)))));
+    group.finish();
+}
+
+/// Time per operation with two threads acquiring from the same limiter at once.
+fn contended<F: Fn() + Send + Sync + 'static>(op: Arc<F>, iters: u64) -> Duration {
+    let barrier = Arc::new(Barrier::new(2));
+    let handles: Vec<_> = (0..2)
+        .map(|_| {
+            let (op, barrier) = (Arc::clone(&op), Arc::clone(&barrier));
+            thread::spawn(move || {
+                barrier.wait();
+                let start = Instant::now();
+                for _ in 0..iters {
+                    op();
+                }
+                start.elapsed()
+            })
+        })
+        .collect();
+    // Report the slower thread's time per its own iterations (both run `iters`).
+    handles.into_iter().map(|h| h.join().unwrap()).max().unwrap()
+}
+
+fn two_threads(c: &mut Criterion) {
+    let mut group = c.benchmark_group("bucket 2 threads contended");
+    let kv = Arc::new(kv_bucket());
+    group.bench_function("kvgate try_acquire(1)", |b| {
+        b.iter_custom(|iters| {
+            let kv = Arc::clone(&kv);
+            contended(
+                Arc::new(move || {
+                    let _ = black_box(kv.try_acquire(1));
+                }),
+                iters,
+            )
+        })
+    });
+    let kv = Arc::new(kv_quanta());
+    group.bench_function("kvgate try_acquire(1) quanta clock", |b| {
+        b.iter_custom(|iters| {
+            let kv = Arc::clone(&kv);
+            contended(
+                Arc::new(move || {
+                    let _ = black_box(kv.try_acquire(1));
+                }),
+                iters,
+            )
+        })
+    });
+    let g = Arc::new(gov());
+    group.bench_function("governor check()", |b| {
+        b.iter_custom(|iters| {
+            let g = Arc::clone(&g);
+            contended(
+                Arc::new(move || {
+                    let _ = black_box(g.check());
+                }),
+                iters,
+            )
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, single_thread, two_threads);
+criterion_main!(benches);
