@@ -9,7 +9,9 @@
 use std::fmt::Debug;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+#[cfg(not(feature = "quanta"))]
+use std::time::Instant;
 
 /// A source of monotonic time in nanoseconds.
 ///
@@ -40,10 +42,15 @@ pub trait Clock: Clone + Debug + Send + Sync + 'static {
     }
 }
 
-/// The default clock: `std::time::Instant`, measured from the moment the clock was created.
+/// The default clock: monotonic real time, measured from the moment the clock was created.
 ///
-/// `Instant::now()` is a vDSO call (about 30 ns on the reference machines). The clock's origin is fixed
-/// at construction, so copies share the same axis.
+/// With the `quanta` feature (on by default) it reads the CPU's time-stamp counter through
+/// [`quanta`](https://docs.rs/quanta), calibrated against the OS clock: about 12 ns a reading on the
+/// reference machines, against about 30 ns for `std::time::Instant::now()` (measured by
+/// `cargo bench --bench bucket`, which runs the token bucket on both). Where no stable TSC exists,
+/// quanta falls back to the OS monotonic clock. Without the feature it reads `std::time::Instant`.
+///
+/// Copies share the same origin.
 ///
 /// # Examples
 ///
@@ -55,15 +62,29 @@ pub trait Clock: Clone + Debug + Send + Sync + 'static {
 /// let b = clock.now_nanos();
 /// assert!(b >= a);
 /// ```
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct MonotonicClock {
+    #[cfg(feature = "quanta")]
+    clock: quanta::Clock,
+    #[cfg(feature = "quanta")]
+    origin: u64,
+    #[cfg(not(feature = "quanta"))]
     origin: Instant,
 }
 
 impl MonotonicClock {
     /// A clock whose origin is now.
     pub fn new() -> Self {
-        Self { origin: Instant::now() }
+        #[cfg(feature = "quanta")]
+        {
+            let clock = quanta::Clock::new();
+            let origin = clock.raw();
+            Self { clock, origin }
+        }
+        #[cfg(not(feature = "quanta"))]
+        {
+            Self { origin: Instant::now() }
+        }
     }
 }
 
@@ -76,8 +97,16 @@ impl Default for MonotonicClock {
 impl Clock for MonotonicClock {
     #[inline]
     fn now_nanos(&self) -> u64 {
-        // 2^64 ns is 584 years: the saturation never happens in practice but keeps the cast honest.
-        u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
+        #[cfg(feature = "quanta")]
+        {
+            // Saturates at 0 if the counter reads below the origin (another core's TSC lagging).
+            self.clock.delta_as_nanos(self.origin, self.clock.raw())
+        }
+        #[cfg(not(feature = "quanta"))]
+        {
+            // 2^64 ns is 584 years: the saturation never happens in practice but keeps the cast honest.
+            u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
+        }
     }
 }
 
