@@ -12,6 +12,7 @@ const THREADS: usize = if cfg!(miri) { 3 } else { 4 };
 const OPS_PER_THREAD: usize = if cfg!(miri) { 150 } else { 50_000 };
 
 /// Per-id drop counters shared by every [`Tracked`] item of one test.
+#[derive(Debug)]
 struct Drops(Vec<AtomicUsize>);
 
 impl Drops {
@@ -237,7 +238,7 @@ fn producers_and_consumers() {
 #[test]
 fn drop_releases_remaining_items_once() {
     let cap = 5;
-    let created = 23;
+    let created = 3 + 15 * 3;
     let drops = Drops::new(created);
     let q = BoundedQueue::new(cap);
     let mut next = 0;
