@@ -69,7 +69,9 @@ const CAPACITY: usize = 1024;
 /// Items moved per measured iteration of the threaded groups.
 const MESSAGES: u64 = 20_000;
 
-fn push_pop_single_thread<Q: Queue>(c: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>) {
+fn push_pop_single_thread<Q: Queue>(
+    c: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+) {
     let q = Q::bounded(CAPACITY);
     c.bench_function(BenchmarkId::from_parameter(Q::NAME), |b| {
         b.iter(|| {
@@ -122,7 +124,11 @@ fn threaded<Q: Queue>(
     consumers: u64,
 ) {
     g.bench_function(BenchmarkId::from_parameter(Q::NAME), |b| {
-        b.iter_custom(|iters| (0..iters).map(|_| transfer::<Q>(producers, consumers)).sum())
+        b.iter_custom(|iters| {
+            (0..iters)
+                .map(|_| transfer::<Q>(producers, consumers))
+                .sum()
+        })
     });
 }
 

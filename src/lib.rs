@@ -5,8 +5,8 @@
 #![warn(missing_docs, unsafe_op_in_unsafe_fn, missing_debug_implementations)]
 
 pub mod clock;
-pub mod queue;
 mod error;
+pub mod queue;
 pub(crate) mod sync;
 
 pub use error::ConfigError;

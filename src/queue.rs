@@ -264,7 +264,12 @@ impl<T> BoundedQueue<T> {
                 // the concurrent pops can win this CAS.
                 if self
                     .head
-                    .compare_exchange_weak(head, self.advance(head), Ordering::SeqCst, Ordering::Relaxed)
+                    .compare_exchange_weak(
+                        head,
+                        self.advance(head),
+                        Ordering::SeqCst,
+                        Ordering::Relaxed,
+                    )
                     .is_ok()
                 {
                     // Nobody else can move `tail` now: a push needs this slot's stamp to equal `tail`, which
@@ -274,7 +279,9 @@ impl<T> BoundedQueue<T> {
                     // is `head + 1`, checked above with Acquire, so the value's write happened-before this
                     // read); by invariant 3 the value is ours until we publish a new stamp. We replace it in
                     // place and republish the slot as full for position `tail`.
-                    let old = slot.value.with_mut(|p| unsafe { p.replace(MaybeUninit::new(value)) });
+                    let old = slot
+                        .value
+                        .with_mut(|p| unsafe { p.replace(MaybeUninit::new(value)) });
                     slot.stamp.store(tail.wrapping_add(1), Ordering::Release);
                     // SAFETY: the slot was full (stamp `head + 1`), so `old` was initialised.
                     return Some(unsafe { old.assume_init() });
@@ -320,7 +327,8 @@ impl<T> BoundedQueue<T> {
                         // `head + 1` (full, loaded with Acquire so the value's write happened-before); by
                         // invariant 3 the value is ours to move out until we store the next stamp.
                         let value = slot.value.with(|p| unsafe { p.read().assume_init() });
-                        slot.stamp.store(head.wrapping_add(self.one_lap), Ordering::Release);
+                        slot.stamp
+                            .store(head.wrapping_add(self.one_lap), Ordering::Release);
                         return Some(value);
                     }
                     Err(current) => {
@@ -462,7 +470,8 @@ impl<T> BoundedQueue<T> {
     unsafe fn fill(&self, slot: &Slot<T>, tail: usize, value: T) {
         // SAFETY: the caller's claim makes this the only access to the value; the slot holds no initialised
         // value, so nothing is leaked by overwriting it.
-        slot.value.with_mut(|p| unsafe { p.write(MaybeUninit::new(value)) });
+        slot.value
+            .with_mut(|p| unsafe { p.write(MaybeUninit::new(value)) });
         slot.stamp.store(tail.wrapping_add(1), Ordering::Release);
     }
 }
@@ -557,7 +566,9 @@ impl<T> FusedIterator for IntoIter<T> {}
 
 impl<T> fmt::Debug for IntoIter<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("IntoIter").field("remaining", &self.queue.len()).finish()
+        f.debug_struct("IntoIter")
+            .field("remaining", &self.queue.len())
+            .finish()
     }
 }
 

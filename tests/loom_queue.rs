@@ -30,7 +30,11 @@ fn pop_wait(q: &BoundedQueue<u32>) -> u32 {
 /// Asserts that `seen` holds each of `0..n` exactly once.
 fn assert_exactly_once(mut seen: Vec<u32>, n: u32) {
     seen.sort_unstable();
-    assert_eq!(seen, (0..n).collect::<Vec<_>>(), "an item was lost or duplicated");
+    assert_eq!(
+        seen,
+        (0..n).collect::<Vec<_>>(),
+        "an item was lost or duplicated"
+    );
 }
 
 /// (a) Two producers and one consumer: every item is popped exactly once, in FIFO order per producer.
@@ -66,7 +70,11 @@ fn two_producers_one_consumer() {
         assert_eq!(all, [0, 1, 10, 11], "an item was lost or duplicated");
         for p in 0..2 {
             let mine: Vec<_> = order.iter().copied().filter(|v| v / 10 == p).collect();
-            assert_eq!(mine, [p * 10, p * 10 + 1], "FIFO order broken for producer {p}");
+            assert_eq!(
+                mine,
+                [p * 10, p * 10 + 1],
+                "FIFO order broken for producer {p}"
+            );
         }
     });
 }
@@ -107,7 +115,12 @@ fn force_push_races_pop() {
         q.push(1).unwrap();
         let forcer = {
             let q = q.clone();
-            thread::spawn(move || [2, 3].into_iter().filter_map(|v| q.force_push(v)).collect::<Vec<_>>())
+            thread::spawn(move || {
+                [2, 3]
+                    .into_iter()
+                    .filter_map(|v| q.force_push(v))
+                    .collect::<Vec<_>>()
+            })
         };
         let popper = {
             let q = q.clone();
@@ -115,10 +128,19 @@ fn force_push_races_pop() {
         };
         let displaced = forcer.join().unwrap();
         let popped = popper.join().unwrap();
-        assert!(popped.windows(2).all(|w| w[0] < w[1]), "pops out of order: {popped:?}");
-        assert!(displaced.windows(2).all(|w| w[0] < w[1]), "displaced out of order: {displaced:?}");
+        assert!(
+            popped.windows(2).all(|w| w[0] < w[1]),
+            "pops out of order: {popped:?}"
+        );
+        assert!(
+            displaced.windows(2).all(|w| w[0] < w[1]),
+            "displaced out of order: {displaced:?}"
+        );
         let left: Vec<_> = Arc::try_unwrap(q).unwrap().into_iter().collect();
-        assert!(left.windows(2).all(|w| w[0] < w[1]), "left out of order: {left:?}");
+        assert!(
+            left.windows(2).all(|w| w[0] < w[1]),
+            "left out of order: {left:?}"
+        );
         assert!(left.len() <= 2);
         assert_exactly_once([popped, displaced, left].concat(), 4);
     });
@@ -135,11 +157,19 @@ fn force_push_races_pop_capacity_one() {
         q.push(0).unwrap();
         let forcer = {
             let q = q.clone();
-            thread::spawn(move || [1, 2].into_iter().filter_map(|v| q.force_push(v)).collect::<Vec<_>>())
+            thread::spawn(move || {
+                [1, 2]
+                    .into_iter()
+                    .filter_map(|v| q.force_push(v))
+                    .collect::<Vec<_>>()
+            })
         };
         let popped: Vec<_> = (0..2).filter_map(|_| q.pop()).collect();
         let displaced = forcer.join().unwrap();
-        assert!(popped.windows(2).all(|w| w[0] < w[1]), "pops out of order: {popped:?}");
+        assert!(
+            popped.windows(2).all(|w| w[0] < w[1]),
+            "pops out of order: {popped:?}"
+        );
         let q = Arc::try_unwrap(q).unwrap();
         assert!(q.len() <= 1);
         let left: Vec<_> = q.into_iter().collect();

@@ -17,7 +17,12 @@ enum Op {
 }
 
 fn op() -> impl Strategy<Value = Op> {
-    prop_oneof![Just(Op::Push), Just(Op::ForcePush), Just(Op::Pop), Just(Op::Len)]
+    prop_oneof![
+        Just(Op::Push),
+        Just(Op::ForcePush),
+        Just(Op::Pop),
+        Just(Op::Len)
+    ]
 }
 
 /// `PROPTEST_CASES` if set, else a count that keeps CI (and miri) fast.
@@ -30,7 +35,11 @@ fn config() -> Config {
     Config {
         cases,
         // Miri's isolation forbids the regression file.
-        failure_persistence: if cfg!(miri) { None } else { Config::default().failure_persistence },
+        failure_persistence: if cfg!(miri) {
+            None
+        } else {
+            Config::default().failure_persistence
+        },
         ..Config::default()
     }
 }

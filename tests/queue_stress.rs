@@ -27,7 +27,12 @@ impl Drops {
     /// Asserts that each of the first `created` ids was dropped exactly once.
     fn assert_each_dropped_once(&self, created: usize) {
         for id in 0..created {
-            assert_eq!(self.count(id), 1, "item {id} dropped {} times", self.count(id));
+            assert_eq!(
+                self.count(id),
+                1,
+                "item {id} dropped {} times",
+                self.count(id)
+            );
         }
     }
 }
@@ -91,7 +96,12 @@ fn run_mixed(cap: usize, seed: u64) {
                     for seq in 0..OPS_PER_THREAD {
                         // Every iteration creates one item; it is used only by the push variants.
                         let id = t * OPS_PER_THREAD + seq;
-                        let item = Tracked { id, producer: t, seq, drops: Arc::clone(drops) };
+                        let item = Tracked {
+                            id,
+                            producer: t,
+                            seq,
+                            drops: Arc::clone(drops),
+                        };
                         match rng.next() % 8 {
                             0..=2 => match q.push(item) {
                                 Ok(()) => log.accepted.push(id),
@@ -123,7 +133,10 @@ fn run_mixed(cap: usize, seed: u64) {
     for log in &logs {
         let mut last_seq = vec![None; THREADS];
         for &(id, producer, seq) in &log.popped {
-            assert!(last_seq[producer] < Some(seq), "item {id} popped out of order");
+            assert!(
+                last_seq[producer] < Some(seq),
+                "item {id} popped out of order"
+            );
             last_seq[producer] = Some(seq);
         }
     }
@@ -139,10 +152,18 @@ fn run_mixed(cap: usize, seed: u64) {
     drop(iter);
 
     // Conservation: every accepted id left the queue exactly once, through one of four exits.
-    let mut accepted: Vec<usize> = logs.iter().flat_map(|l| l.accepted.iter().copied()).collect();
+    let mut accepted: Vec<usize> = logs
+        .iter()
+        .flat_map(|l| l.accepted.iter().copied())
+        .collect();
     let mut out: Vec<usize> = logs
         .iter()
-        .flat_map(|l| l.popped.iter().map(|p| p.0).chain(l.displaced.iter().copied()))
+        .flat_map(|l| {
+            l.popped
+                .iter()
+                .map(|p| p.0)
+                .chain(l.displaced.iter().copied())
+        })
         .chain(drained)
         .collect();
     let out_len = out.len();
@@ -150,8 +171,15 @@ fn run_mixed(cap: usize, seed: u64) {
     out.sort_unstable();
     out.dedup();
     assert_eq!(out.len(), out_len, "an item left the queue twice");
-    assert!(out.iter().all(|id| accepted.binary_search(id).is_ok()), "an item appeared from nowhere");
-    assert_eq!(accepted.len(), out.len() + dropped_in_iter, "an item was lost");
+    assert!(
+        out.iter().all(|id| accepted.binary_search(id).is_ok()),
+        "an item appeared from nowhere"
+    );
+    assert_eq!(
+        accepted.len(),
+        out.len() + dropped_in_iter,
+        "an item was lost"
+    );
     let refused: usize = logs.iter().map(|l| l.refused.len()).sum();
     assert_eq!(accepted.len() + refused, created);
 
@@ -224,12 +252,17 @@ fn producers_and_consumers() {
     for got in &seen {
         for p in 0..PRODUCERS {
             let mine: Vec<_> = got.iter().filter(|v| v.0 == p).map(|v| v.1).collect();
-            assert!(mine.windows(2).all(|w| w[0] < w[1]), "producer {p} items out of order");
+            assert!(
+                mine.windows(2).all(|w| w[0] < w[1]),
+                "producer {p} items out of order"
+            );
         }
     }
     let mut all: Vec<_> = seen.drain(..).flatten().collect();
     all.sort_unstable();
-    let expected: Vec<_> = (0..PRODUCERS).flat_map(|p| (0..per_producer).map(move |i| (p, i))).collect();
+    let expected: Vec<_> = (0..PRODUCERS)
+        .flat_map(|p| (0..per_producer).map(move |i| (p, i)))
+        .collect();
     assert_eq!(all, expected);
     assert!(q.is_empty());
 }
@@ -245,7 +278,12 @@ fn drop_releases_remaining_items_once() {
     let mut make = || {
         let id = next;
         next += 1;
-        Tracked { id, producer: 0, seq: id, drops: Arc::clone(&drops) }
+        Tracked {
+            id,
+            producer: 0,
+            seq: id,
+            drops: Arc::clone(&drops),
+        }
     };
     for _ in 0..3 {
         q.push(make()).unwrap();
