@@ -45,8 +45,12 @@
 //! - **Full/empty checks**: when a push finds its slot still full from the previous lap (or a pop finds
 //!   its slot still empty), it issues a `SeqCst` fence before reading the opposite counter. Together with
 //!   the `SeqCst` CAS operations this keeps the read from returning a counter value older than any CAS that
-//!   precedes the fence in the single total order of `SeqCst` operations, so `push` reports "full" (and
-//!   `pop` "empty") only if the queue was full (empty) at some instant during the call.
+//!   precedes the fence in the single total order of `SeqCst` operations, so `push` does not report
+//!   "full" (nor `pop` "empty") on the strength of a counter that another thread had already moved on.
+//! - **`force_push` on a full queue** claims the oldest item with a `SeqCst` CAS on `head`, exactly like a
+//!   pop; being a read-modify-write, it always sees the latest `head`, so no fence is needed. It then stores
+//!   `tail` (no other thread can move `tail` while that slot is claimed) and publishes the slot's new value
+//!   with a `Release` stamp, as a push does.
 //! - Initial loads of a counter are `Relaxed`: a stale value is caught by the stamp check or the CAS.
 //!
 //! # Progress

@@ -131,7 +131,7 @@ fn run_mixed(cap: usize, seed: u64) {
 
     // Per-producer FIFO: one consumer sees each producer's items in that producer's order.
     for log in &logs {
-        let mut last_seq = vec![None; THREADS];
+        let mut last_seq = [None; THREADS];
         for &(id, producer, seq) in &log.popped {
             assert!(
                 last_seq[producer] < Some(seq),
