@@ -446,11 +446,15 @@ impl<T> BoundedQueue<T> {
     }
 
     /// The slot that position `pos` maps to.
+    ///
+    /// `pos` must be a value read from `head` or `tail` (or derived from one with [`advance`](Self::advance)).
     #[inline]
     fn slot(&self, pos: usize) -> &Slot<T> {
-        // Every position's index is below the capacity (the encoding never produces another), so this
-        // bounds check never fails; it is cheap and keeps the code free of `unsafe` here.
-        &self.slots[pos & (self.one_lap - 1)]
+        let index = pos & (self.one_lap - 1);
+        debug_assert!(index < self.slots.len());
+        // SAFETY: positions start at index 0 and only `advance` moves them, which never produces an index
+        // of `capacity` or more (it wraps to the next lap instead), so `index < capacity == slots.len()`.
+        unsafe { self.slots.get_unchecked(index) }
     }
 
     /// The position after `pos`: next index, or index 0 of the next lap.
