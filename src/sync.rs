@@ -26,9 +26,7 @@ pub(crate) use loom::{
 #[cfg(not(loom))]
 pub(crate) use std::{
     hint::spin_loop,
-    sync::{
-        atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering, fence},
-    },
+    sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering, fence},
     thread::yield_now,
 };
 

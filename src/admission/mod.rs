@@ -349,9 +349,21 @@ impl<C: Clock> Shared<C> {
         if core.has_waiters_at_or_above(request.priority_class().index()) || !core.try_reserve(kv) {
             return Err(Rejection::NoCapacity { retry_after: core.capacity_hint(core.queued()) });
         }
-        let now = self.clock.now_nanos();
+        let mut now = self.clock.now_nanos();
         let tokens_charged = match self.charge_rates(total, now) {
             Ok(charged) => charged,
+            Err(Rejection::RateLimited { .. }) if self.has_rates() => {
+                // A thread preempted between reading the clock and charging the bucket arrives with a
+                // stale time and would be refused for tokens that have accrued since: look again.
+                now = self.clock.now_nanos();
+                match self.charge_rates(total, now) {
+                    Ok(charged) => charged,
+                    Err(rejection) => {
+                        core.release(kv);
+                        return Err(rejection);
+                    }
+                }
+            }
             Err(rejection) => {
                 core.release(kv);
                 return Err(rejection);
@@ -393,6 +405,11 @@ impl<C: Clock> Shared<C> {
             }
         }
         Ok(kv)
+    }
+
+    #[inline]
+    fn has_rates(&self) -> bool {
+        self.request_rate.is_some() || self.token_rate.is_some()
     }
 
     /// Charges one request and `total` tokens to the rate limits, all or nothing. Returns the tokens
