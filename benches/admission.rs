@@ -67,7 +67,9 @@ fn uncontended(c: &mut Criterion) {
     let mut group = c.benchmark_group("admission_uncontended");
     let admission = kvgate_admission();
     let request = Request::new(PROMPT, MAX_NEW);
-    group.bench_function("kvgate try_admit+drop", |b| b.iter(|| drop(black_box(admission.try_admit(black_box(&request))))));
+    group.bench_function("kvgate try_admit+drop", |b| {
+        b.iter(|| drop(black_box(admission.try_admit(black_box(&request)))))
+    });
     let composition = Composition::new();
     group.bench_function("governor+tokio composition", |b| b.iter(|| black_box(composition.try_admit())));
     group.finish();

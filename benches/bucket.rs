@@ -46,7 +46,9 @@ fn single_thread(c: &mut Criterion) {
     let kv = kv_bucket();
     group.bench_function("kvgate try_acquire(1)", |b| b.iter(|| black_box(kv.try_acquire(black_box(1)))));
     let kv = kv_std_clock();
-    group.bench_function("kvgate try_acquire(1) std Instant clock", |b| b.iter(|| black_box(kv.try_acquire(black_box(1)))));
+    group.bench_function("kvgate try_acquire(1) std Instant clock", |b| {
+        b.iter(|| black_box(kv.try_acquire(black_box(1))))
+    });
     let kv = kv_bucket();
     let mut now = 0u64;
     group.bench_function("kvgate try_acquire_at(1) time supplied", |b| {
@@ -58,8 +60,9 @@ fn single_thread(c: &mut Criterion) {
     let g = gov();
     group.bench_function("governor check()", |b| b.iter(|| black_box(g.check())));
     let kv = kv_std_clock();
-    group
-        .bench_function("kvgate try_acquire(10) std Instant clock", |b| b.iter(|| black_box(kv.try_acquire(black_box(10)))));
+    group.bench_function("kvgate try_acquire(10) std Instant clock", |b| {
+        b.iter(|| black_box(kv.try_acquire(black_box(10))))
+    });
     let kv = kv_bucket();
     group.bench_function("kvgate try_acquire(10)", |b| b.iter(|| black_box(kv.try_acquire(black_box(10)))));
     let g = gov();

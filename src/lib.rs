@@ -13,7 +13,7 @@ pub(crate) mod sync;
 pub use error::ConfigError;
 
 pub use admission::{
-    Admission, AdmissionBuilder, Admit, DEFAULT_QUEUE_CAPACITY, Limit, Permit, Priority, Rejection, RejectionCounts,
-    Request, Snapshot,
+    Admission, AdmissionBuilder, Admit, DEFAULT_MAX_TENANTS, DEFAULT_QUEUE_CAPACITY, DEFAULT_TENANT_IDLE_TIMEOUT,
+    Limit, Permit, Priority, Rejection, RejectionCounts, Request, Snapshot, TenantId, TenantLimits,
 };
 pub use queue::BoundedQueue;

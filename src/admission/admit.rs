@@ -6,6 +6,7 @@
 //! wake-ups per grant: no thundering herd). The waiter then only has to pick its permit up.
 
 use super::permit::{Owner, Permit};
+use super::tenant::TenantHandle;
 use super::waiter::{CANCELLED, CLOSED, GRANTED, Notify, TIMED_OUT, WAITING, Waiter};
 use super::{Rejection, Request};
 use futures::task::AtomicWaker;
@@ -17,10 +18,12 @@ use std::task::{Context, Poll};
 
 /// What a request that is about to wait has already been given: its KV units, the tokens charged to the
 /// token rate (one request was charged to the request rate too), and its deadline.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct Ticket {
     pub(crate) kv: u64,
     pub(crate) tokens_charged: u64,
+    /// The tenant whose rates were charged too, and whose limits the grant respects.
+    pub(crate) tenant: Option<Arc<dyn TenantHandle>>,
     /// Clock reading at which the wait ends (`u64::MAX`: never).
     pub(crate) deadline: u64,
     /// Clock reading when the ticket was issued.
@@ -153,7 +156,13 @@ fn admit_or_queue(
     let rejection = if ticket.deadline <= ticket.now {
         Rejection::TimedOut
     } else {
-        let waiter = Arc::new(Waiter::new(ticket.kv, request.priority_class().index(), ticket.deadline, notify));
+        let waiter = Arc::new(Waiter::new(
+            ticket.kv,
+            request.priority_class().index(),
+            ticket.deadline,
+            ticket.tenant.clone(),
+            notify,
+        ));
         if core.enqueue(&waiter) {
             return Ok(Admitted::Queued(waiter, ticket));
         }
@@ -163,7 +172,7 @@ fn admit_or_queue(
             Rejection::QueueFull { retry_after: core.capacity_hint(core.queued()) }
         }
     };
-    owner.refund_rates(true, ticket.tokens_charged);
+    owner.refund_rates(true, ticket.tokens_charged, ticket.tenant.as_deref());
     Err(rejection)
 }
 
@@ -178,7 +187,7 @@ fn resolve(
 ) -> Option<Result<Permit, Rejection>> {
     loop {
         let rejection = match waiter.state() {
-            GRANTED => return Some(Ok(owner.permit_for(owner, request, ticket.kv, ticket.tokens_charged))),
+            GRANTED => return Some(Ok(owner.permit_for(owner, request, ticket))),
             WAITING => {
                 if now >= waiter.deadline && owner.core().abandon(waiter, TIMED_OUT) {
                     Rejection::TimedOut
@@ -192,7 +201,7 @@ fn resolve(
             CLOSED => Rejection::Closed,
             _ => Rejection::Closed,
         };
-        owner.refund_rates(true, ticket.tokens_charged);
+        owner.refund_rates(true, ticket.tokens_charged, ticket.tenant.as_deref());
         owner.core().count_rejection(&rejection);
         return Some(Err(rejection));
     }
@@ -203,9 +212,12 @@ fn abandon_wait(owner: &dyn Owner, waiter: &Waiter, ticket: &Ticket) {
     let core = owner.core();
     if !core.abandon(waiter, CANCELLED) && waiter.state() == GRANTED {
         // Granted but never picked up: the reservation goes to the next waiter.
+        if let Some(tenant) = &ticket.tenant {
+            tenant.release(ticket.kv);
+        }
         core.release(ticket.kv);
     }
-    owner.refund_rates(true, ticket.tokens_charged);
+    owner.refund_rates(true, ticket.tokens_charged, ticket.tenant.as_deref());
 }
 
 impl Future for Admit {

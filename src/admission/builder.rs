@@ -1,11 +1,15 @@
 //! Configuring an [`Admission`]: every limit optional, every mistake reported by `build()`.
 
 use super::core::{Core, MAX_QUEUE_CAPACITY};
+use super::tenant::{
+    DEFAULT_MAX_TENANTS, DEFAULT_TENANT_IDLE_TIMEOUT, TenantConfig, TenantId, TenantLimits, TenantRegistry,
+};
 use super::{Admission, KvCost, Shared};
 use crate::bucket::TokenBucket;
 use crate::clock::{Clock, MonotonicClock};
 use crate::error::ConfigError;
 use crate::kv::{GpuPlan, KvDtype, ModelSpec};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -42,6 +46,7 @@ pub struct AdmissionBuilder<C: Clock = MonotonicClock> {
     token_rate: Option<(f64, u64)>,
     max_queue_wait: Option<Duration>,
     deadline_timer: bool,
+    tenants: Option<TenantConfig>,
     clock: C,
 }
 
@@ -57,6 +62,7 @@ impl Default for AdmissionBuilder<MonotonicClock> {
             token_rate: None,
             max_queue_wait: None,
             deadline_timer: true,
+            tenants: None,
             clock: MonotonicClock::new(),
         }
     }
@@ -120,6 +126,46 @@ impl<C: Clock> AdmissionBuilder<C> {
         self
     }
 
+    fn tenant_config(&mut self) -> &mut TenantConfig {
+        self.tenants.get_or_insert_with(|| TenantConfig {
+            defaults: TenantLimits::new(),
+            overrides: HashMap::new(),
+            max_tenants: DEFAULT_MAX_TENANTS,
+            idle_timeout: DEFAULT_TENANT_IDLE_TIMEOUT,
+        })
+    }
+
+    /// Limits every tenant gets unless overridden with
+    /// [`tenant_limits`](AdmissionBuilder::tenant_limits). Setting any tenant option turns tenants on:
+    /// requests naming a tenant ([`Request::tenant`](crate::Request::tenant)) then meet their tenant's
+    /// limits too, and waiting requests are served fairly across tenants. See [`TenantLimits`].
+    pub fn tenant_defaults(mut self, limits: TenantLimits) -> Self {
+        self.tenant_config().defaults = limits;
+        self
+    }
+
+    /// Limits for one named tenant, instead of the defaults (for example less for a batch-jobs key,
+    /// more and a higher weight for the on-call team).
+    pub fn tenant_limits(mut self, tenant: impl Into<TenantId>, limits: TenantLimits) -> Self {
+        self.tenant_config().overrides.insert(tenant.into(), limits);
+        self
+    }
+
+    /// Most tenants tracked at once (default [`DEFAULT_MAX_TENANTS`]); beyond it, new tenants share
+    /// one overflow tenant with the default limits until idle tenants are evicted.
+    pub fn max_tenants(mut self, max_tenants: usize) -> Self {
+        self.tenant_config().max_tenants = max_tenants;
+        self
+    }
+
+    /// How long a tenant must be idle (nothing in flight, no request) before its state may be evicted to
+    /// make room (default [`DEFAULT_TENANT_IDLE_TIMEOUT`]). Keep it at least as long as the tenant's
+    /// buckets take to refill.
+    pub fn tenant_idle_timeout(mut self, idle: Duration) -> Self {
+        self.tenant_config().idle_timeout = idle;
+        self
+    }
+
     /// Uses `clock` for every time-dependent limit (rates, deadlines, hold times).
     pub fn clock<C2: Clock>(self, clock: C2) -> AdmissionBuilder<C2> {
         AdmissionBuilder {
@@ -132,6 +178,7 @@ impl<C: Clock> AdmissionBuilder<C> {
             token_rate: self.token_rate,
             max_queue_wait: self.max_queue_wait,
             deadline_timer: self.deadline_timer,
+            tenants: self.tenants,
             clock,
         }
     }
@@ -250,6 +297,10 @@ impl<C: Clock> AdmissionBuilder<C> {
             ),
             None => None,
         };
+        let tenants = match self.tenants {
+            Some(config) => Some(TenantRegistry::new(config, kv_capacity, self.clock.clone())?),
+            None => None,
+        };
         Ok(Admission {
             shared: Arc::new(Shared {
                 core: Core::new(max_in_flight, kv_capacity, self.queue_capacity, self.deadline_timer),
@@ -258,6 +309,7 @@ impl<C: Clock> AdmissionBuilder<C> {
                 request_rate,
                 token_rate,
                 max_queue_wait: self.max_queue_wait.map(crate::clock::duration_to_nanos),
+                tenants,
             }),
         })
     }

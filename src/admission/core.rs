@@ -19,11 +19,11 @@
 //!   the other (a plain load could miss it: the loom model `enqueue_racing_a_release_loses_no_wakeup`
 //!   finds that interleaving).
 
-use super::waiter::{CLOSED, GRANTED, WAITING, Waiter};
+use super::fair::FairQueue;
+use super::waiter::{CLOSED, GRANTED, Waiter};
 use crate::Priority;
 use crate::queue::BoundedQueue;
 use crate::sync::{self, AtomicBool, AtomicU8, AtomicU64, CachePadded, Mutex, Ordering};
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -124,9 +124,9 @@ pub(crate) struct Stats {
     hold_ewma_nanos: AtomicU64,
 }
 
-/// Waiters the dispatcher took out of a class's ring, oldest first, not granted yet. Everything here is
-/// older than everything still in the ring, so serving this first and the ring second keeps FIFO.
-type Staged = [VecDeque<Arc<Waiter>>; Priority::COUNT];
+/// Waiters the dispatcher took out of each class's ring, by tenant, not granted yet. Everything here is
+/// older than everything still in the ring, so FIFO within a tenant holds.
+type Staged = [FairQueue; Priority::COUNT];
 
 /// Clock-independent admission state shared by an `Admission`, its permits and its waiters.
 #[derive(Debug)]
@@ -136,11 +136,9 @@ pub(crate) struct Core {
     queue_capacity: usize,
     queues: [BoundedQueue<Arc<Waiter>>; Priority::COUNT],
     /// Waiters taken out of the rings but not granted yet; only the dispatch runner touches them (the
-    /// mutex is never contended; it makes that ownership explicit).
+    /// mutex is never contended; it makes that ownership explicit). Every pass first moves the rings'
+    /// contents here, so cancelled waiters never keep a ring full for long.
     staged: Mutex<Staged>,
-    /// Set by an enqueuer that found its ring full: the next pass first moves every ring's live
-    /// waiters to `staged`, dropping cancelled ones, so tombstones never keep a live waiter out.
-    compact_requested: AtomicBool,
     /// `IDLE`, `RUNNING` or `RUNNING_AGAIN`: who runs dispatch passes (see `dispatch`).
     dispatch_state: AtomicU8,
     /// Deadlines of waiters.
@@ -168,8 +166,7 @@ impl Core {
             }),
             queue_capacity,
             queues: std::array::from_fn(|_| BoundedQueue::new(ring)),
-            staged: Mutex::new(std::array::from_fn(|_| VecDeque::new())),
-            compact_requested: AtomicBool::new(false),
+            staged: Mutex::new(std::array::from_fn(|_| FairQueue::default())),
             dispatch_state: AtomicU8::new(IDLE),
             timer: super::timer::Timer::default(),
             deadline_timer,
@@ -330,11 +327,9 @@ impl Core {
                     return true;
                 }
                 Err(back) => {
-                    // The ring is full of cancelled waiters behind a live head (live waiters never fill
-                    // it: it has room for twice the queue capacity). Have the dispatcher move the live
-                    // ones out and drop the rest, then try again.
+                    // The ring is full of waiters pushed since the last pass (live waiters alone never
+                    // fill it: it has room for twice the queue capacity). A pass empties it.
                     item = back;
-                    self.compact_requested.store(true, Ordering::SeqCst);
                     self.dispatch();
                     sync::yield_now();
                 }
@@ -393,12 +388,7 @@ impl Core {
             return;
         }
         loop {
-            let mut staged = sync::lock(&self.staged);
-            if self.compact_requested.swap(false, Ordering::SeqCst) {
-                self.compact(&mut staged);
-            }
-            self.pass(&mut staged);
-            drop(staged);
+            self.pass(&mut sync::lock(&self.staged));
             match self.dispatch_state.compare_exchange(RUNNING, IDLE, Ordering::SeqCst, Ordering::SeqCst) {
                 Ok(_) => return,
                 // RUNNING_AGAIN: someone asked for another pass while this one ran.
@@ -407,49 +397,63 @@ impl Core {
         }
     }
 
-    /// One pass: grant waiters in priority then arrival order while capacity lasts; on close, end every
-    /// wait. Tombstones (waiters no longer `WAITING`) are dropped as they reach the head.
+    /// One pass: grant waiters in priority order, and within a class fairly across tenants and in
+    /// arrival order within a tenant, while capacity lasts; on close, end every wait.
     fn pass(&self, staged: &mut Staged) {
         let closing = self.is_closed();
+        // Empty every ring first, even of classes this pass will not reach, so that waiters that left
+        // (cancelled, timed out) never keep a ring full.
+        for (class, fair) in staged.iter_mut().enumerate() {
+            while let Some(waiter) = self.queues[class].pop() {
+                fair.push(waiter);
+            }
+            fair.shrink(self.queued_in(class));
+        }
         for priority in Priority::HIGHEST_FIRST {
             let class = priority.index();
-            loop {
-                let Some(head) = staged[class].pop_front().or_else(|| self.queues[class].pop()) else {
-                    break;
-                };
-                if head.state() != WAITING {
-                    continue;
-                }
-                if closing {
-                    if head.leave_waiting(CLOSED) {
+            let fair = &mut staged[class];
+            if closing {
+                for waiter in fair.drain() {
+                    if waiter.leave_waiting(CLOSED) {
                         self.uncount(class);
-                        head.wake();
+                        waiter.wake();
                     }
-                    continue;
+                }
+                continue;
+            }
+            // Tenants skipped in a row because their own limits are full; a full round of them ends
+            // this class's turn.
+            let mut skipped = 0;
+            while let Some(head) = fair.head() {
+                if let Some(tenant) = &head.tenant {
+                    if !tenant.try_reserve(head.kv) {
+                        skipped += 1;
+                        if skipped >= fair.tenants() {
+                            break;
+                        }
+                        fair.rotate();
+                        continue;
+                    }
                 }
                 if !self.reserve_for_waiter(head.kv) {
-                    // Strict FIFO and strict priority: nobody passes a head that does not fit.
-                    staged[class].push_front(head);
+                    if let Some(tenant) = &head.tenant {
+                        tenant.release(head.kv);
+                    }
+                    // Global capacity is short: nobody passes this head, in this class or below.
                     return;
                 }
+                skipped = 0;
                 if head.leave_waiting(GRANTED) {
                     self.uncount(class);
                     head.wake();
+                    fair.pop_head(true);
                 } else {
                     // Cancelled or timed out while we reserved: undo, keep going.
                     self.give_back(head.kv);
-                }
-            }
-        }
-    }
-
-    /// Moves every ring's waiters to `staged` in order, dropping those that no longer wait.
-    fn compact(&self, staged: &mut Staged) {
-        for (class, staged) in staged.iter_mut().enumerate() {
-            staged.retain(|w| w.state() == WAITING);
-            while let Some(waiter) = self.queues[class].pop() {
-                if waiter.state() == WAITING {
-                    staged.push_back(waiter);
+                    if let Some(tenant) = &head.tenant {
+                        tenant.release(head.kv);
+                    }
+                    fair.pop_head(false);
                 }
             }
         }

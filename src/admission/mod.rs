@@ -18,10 +18,12 @@
 mod admit;
 mod builder;
 mod core;
+mod fair;
 mod permit;
 mod rejection;
 mod request;
 mod snapshot;
+mod tenant;
 mod timer;
 mod waiter;
 
@@ -31,6 +33,7 @@ pub use permit::Permit;
 pub use rejection::{Limit, Rejection};
 pub use request::{Priority, Request};
 pub use snapshot::{RejectionCounts, Snapshot};
+pub use tenant::{DEFAULT_MAX_TENANTS, DEFAULT_TENANT_IDLE_TIMEOUT, TenantId, TenantLimits};
 
 use self::core::Core;
 use crate::bucket::{AcquireError, TokenBucket};
@@ -42,6 +45,7 @@ use permit::Owner;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
+use tenant::{TenantHandle, TenantRegistry};
 
 /// How a request's KV reservation is computed.
 #[derive(Debug, Clone)]
@@ -117,6 +121,7 @@ pub(crate) struct Shared<C: Clock> {
     pub(crate) token_rate: Option<TokenBucket<C>>,
     /// Default longest queue wait in clock nanoseconds.
     pub(crate) max_queue_wait: Option<u64>,
+    pub(crate) tenants: Option<TenantRegistry<C>>,
 }
 
 impl Admission<MonotonicClock> {
@@ -248,6 +253,17 @@ impl<C: Clock> Admission<C> {
         }
     }
 
+    /// Tenants whose state is tracked now (0 without tenants). Never above
+    /// [`max_tenants`](AdmissionBuilder::max_tenants).
+    pub fn tracked_tenants(&self) -> usize {
+        self.shared.tenants.as_ref().map_or(0, TenantRegistry::tracked)
+    }
+
+    /// The `n` tracked tenants with the most requests in flight, busiest first (for metrics).
+    pub fn busiest_tenants(&self, n: usize) -> Vec<(TenantId, u64)> {
+        self.shared.tenants.as_ref().map_or_else(Vec::new, |t| t.top_in_flight(n))
+    }
+
     /// Requests waiting in one priority class.
     pub fn queued_in(&self, priority: Priority) -> usize {
         self.shared.core.queued_in(priority.index())
@@ -346,19 +362,14 @@ impl<C: Clock> Shared<C> {
         let total = request.total_tokens();
         let kv = self.validate(request)?;
         let core = &self.core;
+        if let (Some(registry), Some(id)) = (&self.tenants, request.tenant_id()) {
+            return self.admit_tenant(this, request, kv, registry, id);
+        }
         if core.has_waiters_at_or_above(request.priority_class().index()) || !core.try_reserve(kv) {
             return Err(Rejection::NoCapacity { retry_after: core.capacity_hint(core.queued()) });
         }
-        let mut now = self.clock.now_nanos();
-        let mut charged = self.charge_rates(total, now);
-        if matches!(charged, Err(Rejection::RateLimited { .. })) {
-            // A thread preempted between reading the clock and charging the bucket arrives with a stale
-            // time and would be refused for tokens that have accrued since: look again, once.
-            now = self.clock.now_nanos();
-            charged = self.charge_rates(total, now);
-        }
-        match charged {
-            Ok(tokens_charged) => Ok(self.grant(this, request, kv, tokens_charged, now)),
+        match self.charge_rates_fresh(total) {
+            Ok((tokens_charged, now)) => Ok(self.grant(this, request, kv, tokens_charged, None, now)),
             Err(rejection) => {
                 core.release(kv);
                 Err(rejection)
@@ -366,11 +377,88 @@ impl<C: Clock> Shared<C> {
         }
     }
 
+    /// `admit_now` for a request of a tenant: the global limits and the tenant's, all or nothing.
+    fn admit_tenant(
+        &self,
+        this: &Arc<dyn Owner>,
+        request: &Request,
+        kv: u64,
+        registry: &TenantRegistry<C>,
+        id: TenantId,
+    ) -> Result<Permit, Rejection> {
+        let core = &self.core;
+        let total = request.total_tokens();
+        let tenant = registry.get(id, self.clock.now_nanos());
+        if let Err((limit, requested, capacity)) = tenant.fits_at_all(kv, total) {
+            return Err(Rejection::TooLarge { limit, requested, capacity });
+        }
+        if core.has_waiters_at_or_above(request.priority_class().index()) || !core.try_reserve(kv) {
+            return Err(Rejection::NoCapacity { retry_after: core.capacity_hint(core.queued()) });
+        }
+        if !tenant.try_reserve(kv) {
+            core.release(kv);
+            // The tenant is at its own concurrency or KV share: the client, not the server, is too busy.
+            return Err(Rejection::RateLimited { retry_after: core.capacity_hint(0) });
+        }
+        let (tokens_charged, now) = match self.charge_rates_fresh(total) {
+            Ok(charged) => charged,
+            Err(rejection) => {
+                tenant.release(kv);
+                core.release(kv);
+                return Err(rejection);
+            }
+        };
+        if let Err(retry_after) = tenant.charge_rates(total, now) {
+            self.refund_global(true, tokens_charged, now);
+            tenant.release(kv);
+            core.release(kv);
+            return Err(Rejection::RateLimited { retry_after });
+        }
+        Ok(self.grant(this, request, kv, tokens_charged, Some(tenant), now))
+    }
+
+    /// Charges the global rates at the current time, looking at the clock again once if refused: a
+    /// thread preempted between reading the clock and charging the bucket arrives with a stale time and
+    /// would be refused for tokens that have accrued since. Returns the tokens charged and the time.
+    #[inline]
+    fn charge_rates_fresh(&self, total: u64) -> Result<(u64, u64), Rejection> {
+        let now = self.clock.now_nanos();
+        match self.charge_rates(total, now) {
+            Err(Rejection::RateLimited { .. }) => {
+                let now = self.clock.now_nanos();
+                self.charge_rates(total, now).map(|tokens| (tokens, now))
+            }
+            other => other.map(|tokens| (tokens, now)),
+        }
+    }
+
     /// Counts an admission and builds its permit.
     #[inline]
-    fn grant(&self, this: &Arc<dyn Owner>, request: &Request, kv: u64, tokens_charged: u64, now: u64) -> Permit {
+    fn grant(
+        &self,
+        this: &Arc<dyn Owner>,
+        request: &Request,
+        kv: u64,
+        tokens_charged: u64,
+        tenant: Option<Arc<dyn TenantHandle>>,
+        now: u64,
+    ) -> Permit {
         let sequence = self.core.stats.admitted.fetch_add(1, Ordering::Relaxed);
-        Permit::new(Arc::clone(this), request, kv, tokens_charged, now, sequence)
+        Permit::new(Arc::clone(this), request, kv, tokens_charged, tenant, now, sequence)
+    }
+
+    /// Gives back global rate charges.
+    fn refund_global(&self, request: bool, tokens: u64, now: u64) {
+        if request {
+            if let Some(bucket) = &self.request_rate {
+                bucket.refund_at(1, now);
+            }
+        }
+        if tokens != 0 {
+            if let Some(bucket) = &self.token_rate {
+                bucket.refund_at(tokens, now);
+            }
+        }
     }
 
     /// Checks what never changes by waiting: a valid request, an open admission, and that it can fit at
@@ -451,17 +539,11 @@ impl<C: Clock> Owner for Shared<C> {
         self.clock.now_nanos()
     }
 
-    fn refund_rates(&self, request: bool, tokens: u64) {
+    fn refund_rates(&self, request: bool, tokens: u64, tenant: Option<&dyn TenantHandle>) {
         let now = self.clock.now_nanos();
-        if request {
-            if let Some(bucket) = &self.request_rate {
-                bucket.refund_at(1, now);
-            }
-        }
-        if tokens != 0 {
-            if let Some(bucket) = &self.token_rate {
-                bucket.refund_at(tokens, now);
-            }
+        self.refund_global(request, tokens, now);
+        if let Some(tenant) = tenant {
+            tenant.refund_rates(request, tokens, now);
         }
     }
 
@@ -471,18 +553,35 @@ impl<C: Clock> Owner for Shared<C> {
 
     fn prepare_wait(&self, request: &Request) -> Result<admit::Ticket, Rejection> {
         let kv = self.validate(request)?;
-        let now = self.clock.now_nanos();
-        let tokens_charged = self.charge_rates(request.total_tokens(), now)?;
+        let total = request.total_tokens();
+        let tenant = match (&self.tenants, request.tenant_id()) {
+            (Some(registry), Some(id)) => {
+                let tenant = registry.get(id, self.clock.now_nanos());
+                if let Err((limit, requested, capacity)) = tenant.fits_at_all(kv, total) {
+                    return Err(Rejection::TooLarge { limit, requested, capacity });
+                }
+                Some(tenant)
+            }
+            _ => None,
+        };
+        let (tokens_charged, now) = self.charge_rates_fresh(total)?;
+        if let Some(tenant) = &tenant {
+            if let Err(retry_after) = tenant.charge_rates(total, now) {
+                self.refund_global(true, tokens_charged, now);
+                return Err(Rejection::RateLimited { retry_after });
+            }
+        }
+        let tenant: Option<Arc<dyn TenantHandle>> = tenant.map(|t| t as Arc<dyn TenantHandle>);
         let wait = match (request.max_wait_limit().map(crate::clock::duration_to_nanos), self.max_queue_wait) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
         let deadline = wait.map_or(u64::MAX, |w| now.saturating_add(w));
-        Ok(admit::Ticket { kv, tokens_charged, deadline, now })
+        Ok(admit::Ticket { kv, tokens_charged, tenant, deadline, now })
     }
 
-    fn permit_for(&self, this: &Arc<dyn Owner>, request: &Request, kv: u64, tokens_charged: u64) -> Permit {
-        self.grant(this, request, kv, tokens_charged, self.clock.now_nanos())
+    fn permit_for(&self, this: &Arc<dyn Owner>, request: &Request, ticket: &admit::Ticket) -> Permit {
+        self.grant(this, request, ticket.kv, ticket.tokens_charged, ticket.tenant.clone(), self.clock.now_nanos())
     }
 
     fn real_time_until(&self, deadline: u64) -> Duration {

@@ -2,6 +2,7 @@
 //! dropping it gives both back exactly once and hands them to the next waiter.
 
 use super::core::Core;
+use super::tenant::TenantHandle;
 use crate::Priority;
 use std::fmt;
 use std::sync::Arc;
@@ -14,14 +15,15 @@ pub(crate) trait Owner: Send + Sync + fmt::Debug + 'static {
     fn now_nanos(&self) -> u64;
     /// Real time to wait until the admission clock reaches `deadline`.
     fn real_time_until(&self, deadline: u64) -> std::time::Duration;
-    /// Gives back rate-limit charges: one request (if `request`) and `tokens` LLM tokens.
-    fn refund_rates(&self, request: bool, tokens: u64);
+    /// Gives back rate-limit charges: one request (if `request`) and `tokens` LLM tokens, to the global
+    /// buckets and to the tenant's.
+    fn refund_rates(&self, request: bool, tokens: u64, tenant: Option<&dyn TenantHandle>);
     /// The whole `try_admit` decision, without counting a rejection.
     fn admit_now(&self, this: &Arc<dyn Owner>, request: &crate::Request) -> Result<Permit, crate::Rejection>;
     /// Validates a request that will wait and charges its rates; says how long it may wait.
     fn prepare_wait(&self, request: &crate::Request) -> Result<super::admit::Ticket, crate::Rejection>;
     /// Builds the permit for a waiter that was granted.
-    fn permit_for(&self, this: &Arc<dyn Owner>, request: &crate::Request, kv: u64, tokens_charged: u64) -> Permit;
+    fn permit_for(&self, this: &Arc<dyn Owner>, request: &crate::Request, ticket: &super::admit::Ticket) -> Permit;
 }
 
 /// Permits whose sequence number is a multiple of this feed the hold-time average (sampling keeps the
@@ -57,6 +59,8 @@ pub struct Permit {
     priority: Priority,
     admitted_at: u64,
     sequence: u64,
+    /// The tenant whose in-flight slot and KV share this permit also holds.
+    tenant: Option<Arc<dyn TenantHandle>>,
 }
 
 impl Permit {
@@ -65,6 +69,7 @@ impl Permit {
         request: &crate::Request,
         kv: u64,
         tokens_charged: u64,
+        tenant: Option<Arc<dyn TenantHandle>>,
         admitted_at: u64,
         sequence: u64,
     ) -> Self {
@@ -77,6 +82,7 @@ impl Permit {
             priority: request.priority_class(),
             admitted_at,
             sequence,
+            tenant,
         }
     }
 
@@ -95,10 +101,12 @@ impl Permit {
     /// assert!(admission.try_admit(&Request::new(100, 700)).is_ok());
     /// ```
     pub fn complete(self, output_tokens: u32) {
-        if self.tokens_charged != 0 {
+        if self.tokens_charged != 0 || self.tenant.is_some() {
+            // Every token bucket charged this request `prompt + max_new` tokens, so the unused part of
+            // `max_new` is within what each of them holds for it.
             let unused = u64::from(self.max_new_tokens.saturating_sub(output_tokens));
             if unused != 0 {
-                self.owner.refund_rates(false, unused.min(self.tokens_charged));
+                self.owner.refund_rates(false, unused, self.tenant.as_deref());
             }
         }
     }
@@ -140,6 +148,9 @@ impl Drop for Permit {
         if self.sequence % HOLD_SAMPLE_EVERY == 0 {
             let held = self.owner.now_nanos().saturating_sub(self.admitted_at);
             core.record_hold(held);
+        }
+        if let Some(tenant) = &self.tenant {
+            tenant.release(self.kv);
         }
         core.release(self.kv);
     }

@@ -9,6 +9,10 @@ pub enum Limit {
     KvBudget,
     /// The token-rate bucket's burst.
     TokenRate,
+    /// The tenant's share of the KV budget.
+    TenantKvShare,
+    /// The tenant's token-rate burst.
+    TenantTokenRate,
 }
 
 impl std::fmt::Display for Limit {
@@ -16,6 +20,8 @@ impl std::fmt::Display for Limit {
         f.write_str(match self {
             Limit::KvBudget => "KV-cache budget",
             Limit::TokenRate => "token-rate burst",
+            Limit::TenantKvShare => "tenant's share of the KV-cache budget",
+            Limit::TenantTokenRate => "tenant's token-rate burst",
         })
     }
 }

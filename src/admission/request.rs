@@ -1,6 +1,6 @@
 //! What a caller asks for: prompt and output token counts, a priority class, an optional wait limit.
 
-use std::time::Duration;
+use super::tenant::TenantId;
 
 /// Priority class of a request. Waiting requests of a higher class are always served before any request
 /// of a lower class (strict priority); within a class, in arrival order (FIFO).
@@ -57,7 +57,8 @@ impl Priority {
 ///
 /// ```
 /// use kvgate::Request;
-/// use std::time::Duration;
+/// use super::tenant::TenantId;
+use std::time::Duration;
 ///
 /// let req = Request::new(1200, 800).max_wait(Duration::from_secs(2));
 /// assert_eq!(req.total_tokens(), 2000);
@@ -68,13 +69,14 @@ pub struct Request {
     max_new_tokens: u32,
     priority: Priority,
     max_wait: Option<Duration>,
+    tenant: Option<TenantId>,
 }
 
 impl Request {
     /// A request with `prompt_tokens` of input that may generate up to `max_new_tokens`.
     #[inline]
     pub const fn new(prompt_tokens: u32, max_new_tokens: u32) -> Self {
-        Self { prompt_tokens, max_new_tokens, priority: Priority::Normal, max_wait: None }
+        Self { prompt_tokens, max_new_tokens, priority: Priority::Normal, max_wait: None, tenant: None }
     }
 
     /// Sets the priority class (default [`Priority::Normal`]).
@@ -93,6 +95,31 @@ impl Request {
     pub const fn max_wait(mut self, max_wait: Duration) -> Self {
         self.max_wait = Some(max_wait);
         self
+    }
+
+    /// Names the tenant (user, team or API key) the request counts against: its per-tenant limits
+    /// apply, and when requests wait, capacity is shared fairly between tenants. Without a tenant, a
+    /// request only meets the global limits (and waits in one shared default tenant).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use kvgate::{Request, TenantId};
+    ///
+    /// let req = Request::new(100, 100).tenant("alice@example.com");
+    /// assert_eq!(req.tenant_id(), Some(TenantId::from("alice@example.com")));
+    /// ```
+    #[inline]
+    #[must_use]
+    pub fn tenant(mut self, tenant: impl Into<TenantId>) -> Self {
+        self.tenant = Some(tenant.into());
+        self
+    }
+
+    /// The request's tenant, if it named one.
+    #[inline]
+    pub const fn tenant_id(&self) -> Option<TenantId> {
+        self.tenant
     }
 
     /// Input tokens.

@@ -14,8 +14,10 @@
 //! count is exact. `GRANTED` means capacity for the waiter's request is already reserved: whoever
 //! observes `GRANTED` owns that reservation and must turn it into a `Permit` or give it back.
 
+use super::tenant::TenantHandle;
 use crate::sync::{AtomicU8, Ordering};
 use futures::task::AtomicWaker;
+use std::sync::Arc;
 use std::task::Waker;
 
 pub(crate) const WAITING: u8 = 0;
@@ -44,12 +46,24 @@ pub(crate) struct Waiter {
     pub(crate) class: usize,
     /// Clock reading after which the wait ends, or `u64::MAX` for no deadline.
     pub(crate) deadline: u64,
+    /// The tenant whose limits the grant must also respect.
+    pub(crate) tenant: Option<Arc<dyn TenantHandle>>,
+    /// Fair-queueing key (the tenant's; 0 for requests without a tenant) and weight.
+    pub(crate) tenant_key: u64,
+    pub(crate) weight: u32,
     notify: Notify,
 }
 
 impl Waiter {
-    pub(crate) fn new(kv: u64, class: usize, deadline: u64, notify: Notify) -> Self {
-        Self { state: AtomicU8::new(WAITING), kv, class, deadline, notify }
+    pub(crate) fn new(
+        kv: u64,
+        class: usize,
+        deadline: u64,
+        tenant: Option<Arc<dyn TenantHandle>>,
+        notify: Notify,
+    ) -> Self {
+        let (tenant_key, weight) = tenant.as_ref().map_or((0, 1), |t| (t.key(), t.weight()));
+        Self { state: AtomicU8::new(WAITING), kv, class, deadline, tenant, tenant_key, weight, notify }
     }
 
     /// The current state (`Acquire`: a `GRANTED` read sees the reservation made before it).
