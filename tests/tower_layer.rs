@@ -7,7 +7,7 @@ use futures::FutureExt;
 use http::{HeaderValue, StatusCode};
 use http_body_util::{BodyExt, Full, StreamBody};
 use kvgate::clock::ManualClock;
-use kvgate::tower::{AdmissionBody, AdmissionLayer};
+use kvgate::tower::{AdmissionBody, AdmissionLayer, Refusal};
 use kvgate::{Admission, Request};
 use std::convert::Infallible;
 use std::panic::AssertUnwindSafe;
@@ -17,7 +17,6 @@ use std::time::Duration;
 use tower::{Layer, Service, ServiceExt, service_fn};
 
 type HttpRequest = http::Request<String>;
-type Refusal = http::Response<Bytes>;
 
 /// Reads the request size from `x-prompt-tokens` / `x-max-tokens`; refuses a request without them.
 fn to_request(req: &HttpRequest) -> Result<Request, Refusal> {
@@ -29,16 +28,13 @@ fn to_request(req: &HttpRequest) -> Result<Request, Refusal> {
             "x-prompt-tokens and x-max-tokens are required",
             "invalid_request_error",
             "missing_size",
-        )),
+        )
+        .into()),
     }
 }
 
 fn request(prompt: u32, max: u32) -> HttpRequest {
-    http::Request::builder()
-        .header("x-prompt-tokens", prompt)
-        .header("x-max-tokens", max)
-        .body(String::new())
-        .unwrap()
+    http::Request::builder().header("x-prompt-tokens", prompt).header("x-max-tokens", max).body(String::new()).unwrap()
 }
 
 /// An inner service answering "hello", counting its calls and checking it sees the admitted request.
@@ -263,7 +259,8 @@ async fn streamed_body_counts_sse_events_and_refunds_unused_tokens() {
         let rx = rx.lock().unwrap().take().unwrap();
         async move { Ok::<_, Infallible>(http::Response::new(StreamBody::new(rx))) }
     });
-    let sse_events = |chunk: &Bytes| chunk.split(|b| *b == b'\n').filter(|line| line.starts_with(b"data:")).count() as u32;
+    let sse_events =
+        |chunk: &Bytes| chunk.split(|b| *b == b'\n').filter(|line| line.starts_with(b"data:")).count() as u32;
     let svc = AdmissionLayer::new(a.clone(), to_request).count_with(sse_events).layer(streaming);
     let res = svc.oneshot(request(10, 90)).await.unwrap();
     let mut body: AdmissionBody<_, _> = res.into_body();
