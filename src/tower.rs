@@ -8,6 +8,9 @@
 //! permit until the body is finished or dropped, or answers the [`Rejection`](crate::Rejection) itself (see
 //! [`rejection_response`]).
 //!
+//! The inner service finds the admitted [`Request`] in the HTTP request's extensions
+//! (`req.extensions().get::<kvgate::Request>()`).
+//!
 //! # Reserving in the call, not in `poll_ready`
 //!
 //! [`Service::poll_ready`] only asks the inner service. Capacity is reserved in the future returned by
