@@ -260,7 +260,7 @@ where
         let clone = self.inner.clone();
         let service = std::mem::replace(&mut self.inner, clone);
         let admitting = if self.wait {
-            Admitting::Wait(self.admission.admit(&admit_request))
+            Admitting::Wait(Box::new(self.admission.admit(&admit_request)))
         } else {
             Admitting::Try(self.admission.clone(), admit_request)
         };
@@ -310,7 +310,7 @@ impl From<Box<::http::Response<Bytes>>> for Refusal {
 }
 
 enum Admitting<C: Clock> {
-    Wait(Admit),
+    Wait(Box<Admit>),
     Try(Admission<C>, Request),
 }
 

@@ -14,6 +14,7 @@ pub(crate) trait Owner: Send + Sync + fmt::Debug + 'static {
     /// The admission clock's reading.
     fn now_nanos(&self) -> u64;
     /// Real time to wait until the admission clock reaches `deadline`.
+    #[cfg_attr(loom, allow(dead_code))]
     fn real_time_until(&self, deadline: u64) -> std::time::Duration;
     /// Gives back rate-limit charges: one request (if `request`) and `tokens` LLM tokens, to the global
     /// buckets and to the tenant's.

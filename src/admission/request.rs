@@ -1,6 +1,7 @@
 //! What a caller asks for: prompt and output token counts, a priority class, an optional wait limit.
 
 use super::tenant::TenantId;
+use std::time::Duration;
 
 /// Priority class of a request. Waiting requests of a higher class are always served before any request
 /// of a lower class (strict priority); within a class, in arrival order (FIFO).
@@ -57,8 +58,7 @@ impl Priority {
 ///
 /// ```
 /// use kvgate::Request;
-/// use super::tenant::TenantId;
-use std::time::Duration;
+/// use std::time::Duration;
 ///
 /// let req = Request::new(1200, 800).max_wait(Duration::from_secs(2));
 /// assert_eq!(req.total_tokens(), 2000);

@@ -80,6 +80,7 @@ impl Waiter {
 
     /// Registers the task to wake (no-op for thread waiters).
     pub(crate) fn register(&self, waker: &Waker) {
+        #[cfg_attr(loom, allow(irrefutable_let_patterns))]
         if let Notify::Task(slot) = &self.notify {
             slot.register(waker);
         }
