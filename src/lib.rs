@@ -8,7 +8,14 @@ pub mod clock;
 mod error;
 pub mod kv;
 pub mod queue;
+pub mod retry;
+pub mod stream;
 pub(crate) mod sync;
+
+#[cfg(feature = "http-body")]
+pub mod http;
+#[cfg(feature = "tower")]
+pub mod tower;
 
 pub use error::ConfigError;
 
