@@ -629,7 +629,10 @@ mod tests {
         }
     }
 
-    fn run(policy: &RetryPolicy, outcomes: Vec<Result<u32, TestError>>) -> (Result<u32, TestError>, Vec<Duration>, usize) {
+    fn run(
+        policy: &RetryPolicy,
+        outcomes: Vec<Result<u32, TestError>>,
+    ) -> (Result<u32, TestError>, Vec<Duration>, usize) {
         let outcomes = RefCell::new(outcomes.into_iter());
         let calls = RefCell::new(0);
         let slept = RefCell::new(Vec::new());
@@ -651,20 +654,16 @@ mod tests {
     #[test]
     fn retry_succeeds_after_transient_errors_and_honours_hints() {
         let p = policy().seed(7);
-        let (result, slept, calls) = run(
-            &p,
-            vec![Err(TestError::Retry(None)), Err(TestError::Retry(Some(Duration::from_secs(2)))), Ok(5)],
-        );
+        let (result, slept, calls) =
+            run(&p, vec![Err(TestError::Retry(None)), Err(TestError::Retry(Some(Duration::from_secs(2)))), Ok(5)]);
         assert_eq!(result, Ok(5));
         assert_eq!(calls, 3);
         assert_eq!(slept.len(), 2);
         assert!(slept[0] <= 100 * MS);
         assert!(slept[1] >= Duration::from_secs(2) && slept[1] <= Duration::from_secs(2) + 200 * MS);
         // Same seed, same sleeps.
-        let again = run(
-            &p,
-            vec![Err(TestError::Retry(None)), Err(TestError::Retry(Some(Duration::from_secs(2)))), Ok(5)],
-        );
+        let again =
+            run(&p, vec![Err(TestError::Retry(None)), Err(TestError::Retry(Some(Duration::from_secs(2)))), Ok(5)]);
         assert_eq!(again.1, slept);
     }
 

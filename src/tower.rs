@@ -337,7 +337,9 @@ where
                             let future = service.call(request);
                             State::Calling { future, permit: Some(permit) }
                         }
-                        Err(rejection) => State::Answer { response: Some(rejection_response(&rejection, *this.all_as_429)) },
+                        Err(rejection) => {
+                            State::Answer { response: Some(rejection_response(&rejection, *this.all_as_429)) }
+                        }
                     }
                 }
                 StateProj::Calling { future, permit } => {
@@ -346,7 +348,8 @@ where
                     return Poll::Ready(match result {
                         Ok(response) => {
                             let counter = this.counter.take().expect("`ResponseFuture` polled after it completed");
-                            Ok(response.map(|body| AdmissionBody::admitted(PermitBody::new(body, permit).count_with(counter))))
+                            Ok(response
+                                .map(|body| AdmissionBody::admitted(PermitBody::new(body, permit).count_with(counter))))
                         }
                         Err(err) => {
                             drop(permit);
