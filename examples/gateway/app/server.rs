@@ -190,7 +190,10 @@ async fn read_completion(State(gateway): State<Gateway>, request: Request, next:
         Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => {
             inner.metrics.count_invalid("body_too_large");
             let message = format!("the request body exceeds {} bytes", inner.config.max_body_bytes);
-            return ApiError::too_large("body_too_large", message).into_response();
+            // The rest of the body is left unread: the connection cannot carry another request.
+            let mut response = ApiError::too_large("body_too_large", message).into_response();
+            response.headers_mut().insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+            return response;
         }
         Err(e) => {
             return ApiError::bad_request("unreadable_body", format!("could not read the request body: {e}"))
