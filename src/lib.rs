@@ -23,3 +23,4 @@ pub use admission::{
     Admission, AdmissionBuilder, Admit, DEFAULT_QUEUE_CAPACITY, Limit, Permit, Priority, Rejection, RejectionCounts,
     Request, Snapshot,
 };
+pub use queue::BoundedQueue;

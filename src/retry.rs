@@ -433,7 +433,8 @@ impl std::error::Error for ParseRetryAfterError {}
 /// ```
 pub fn parse_retry_after(value: &str) -> Result<Duration, ParseRetryAfterError> {
     let value = value.trim();
-    if value.bytes().any(|b| b.is_ascii_alphabetic()) && value.contains(',') {
+    // All three HTTP-date formats (RFC 9110 §5.6.7) spell a day or month name and an hh:mm:ss time.
+    if value.bytes().any(|b| b.is_ascii_alphabetic()) && value.contains(':') {
         return Err(ParseRetryAfterError::HttpDateUnsupported);
     }
     parse_digits(value).map(Duration::from_secs)
@@ -703,7 +704,9 @@ mod tests {
         assert_eq!(parse_retry_after("0"), Ok(Duration::ZERO));
         assert_eq!(parse_retry_after("120"), Ok(Duration::from_secs(120)));
         assert_eq!(parse_retry_after("99999999999999999999999"), Ok(Duration::from_secs(u64::MAX)));
-        assert_eq!(parse_retry_after("Fri, 31 Dec 1999 23:59:59 GMT"), Err(ParseRetryAfterError::HttpDateUnsupported));
+        for date in ["Fri, 31 Dec 1999 23:59:59 GMT", "Sunday, 06-Nov-94 08:49:37 GMT", "Sun Nov  6 08:49:37 1994"] {
+            assert_eq!(parse_retry_after(date), Err(ParseRetryAfterError::HttpDateUnsupported), "{date}");
+        }
         for bad in ["", "-1", "1.5", "soon", "+3"] {
             assert_eq!(parse_retry_after(bad), Err(ParseRetryAfterError::Invalid), "{bad:?}");
         }

@@ -1,8 +1,11 @@
 //! The one place where kvgate chooses between `std` and [loom] synchronisation primitives.
 //!
-//! Every concurrent module imports its atomics, cells, `Arc` and spin hints from here, never from `std`
+//! Every concurrent module imports its atomics, cells, mutexes and spin hints from here, never from `std`
 //! directly. Under `RUSTFLAGS="--cfg loom"` the same code is compiled against loom's instrumented types so
 //! the loom models in `tests/loom_*.rs` explore every interleaving of the real implementation.
+//!
+//! `Arc` stays `std`'s everywhere: reference counts are not what the models check, and loom's `Arc`
+//! cannot be coerced to a trait object, which permits and waiting futures rely on.
 //!
 //! This module contains no logic beyond adapting the two APIs to one shape: `std`'s `UnsafeCell` is
 //! wrapped so that it offers loom's closure-based `with` / `with_mut` accessors.
@@ -14,8 +17,8 @@ pub(crate) use loom::{
     cell::UnsafeCell,
     hint::spin_loop,
     sync::{
-        Arc, Mutex, MutexGuard,
-        atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence},
+        Mutex, MutexGuard,
+        atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering, fence},
     },
     thread::yield_now,
 };
@@ -23,10 +26,7 @@ pub(crate) use loom::{
 #[cfg(not(loom))]
 pub(crate) use std::{
     hint::spin_loop,
-    sync::{
-        Arc,
-        atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence},
-    },
+    sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering, fence},
     thread::yield_now,
 };
 
@@ -44,23 +44,6 @@ pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 #[inline]
 pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock()
-}
-
-/// Tries to lock a mutex without blocking, the same way under loom and `std`.
-#[cfg(loom)]
-pub(crate) fn try_lock<T>(mutex: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
-    match mutex.try_lock() {
-        Ok(guard) => Some(guard),
-        Err(std::sync::TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
-        Err(std::sync::TryLockError::WouldBlock) => None,
-    }
-}
-
-/// Tries to lock a mutex without blocking, the same way under loom and `std`.
-#[cfg(not(loom))]
-#[inline]
-pub(crate) fn try_lock<T>(mutex: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
-    mutex.try_lock()
 }
 
 /// `std::cell::UnsafeCell` with loom's closure-based access API, so that code written once runs under both.

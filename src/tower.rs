@@ -8,6 +8,9 @@
 //! permit until the body is finished or dropped, or answers the [`Rejection`](crate::Rejection) itself (see
 //! [`rejection_response`]).
 //!
+//! The inner service finds the admitted [`Request`] in the HTTP request's extensions
+//! (`req.extensions().get::<kvgate::Request>()`).
+//!
 //! # Reserving in the call, not in `poll_ready`
 //!
 //! [`Service::poll_ready`] only asks the inner service. Capacity is reserved in the future returned by
@@ -48,7 +51,8 @@ use tower_service::Service;
 /// service sees it. See the [module docs](self).
 ///
 /// `M` maps an `http::Request<ReqBody>` to the [`Request`] to admit, or to a response that refuses it
-/// (`Err(http::Response<Bytes>)`, for example from [`error_response`](crate::http::error_response)).
+/// (`Err(_)`: anything that converts into a [`Refusal`] — an `http::Response<Bytes>`, for example from
+/// [`error_response`](crate::http::error_response), or a boxed one, or a `Refusal`).
 /// `K` counts the output tokens in each data frame of the response body ([`OnePerItem`] by default: one
 /// per frame, right for token-by-token SSE streams).
 ///
@@ -220,10 +224,11 @@ impl<S: fmt::Debug, M, C: Clock, K> fmt::Debug for AdmissionService<S, M, C, K> 
     }
 }
 
-impl<S, M, C, K, ReqBody, ResBody> Service<::http::Request<ReqBody>> for AdmissionService<S, M, C, K>
+impl<S, M, E, C, K, ReqBody, ResBody> Service<::http::Request<ReqBody>> for AdmissionService<S, M, C, K>
 where
     S: Service<::http::Request<ReqBody>, Response = ::http::Response<ResBody>> + Clone,
-    M: Fn(&::http::Request<ReqBody>) -> Result<Request, ::http::Response<Bytes>>,
+    M: Fn(&::http::Request<ReqBody>) -> Result<Request, E>,
+    E: Into<Refusal>,
     C: Clock,
     K: TokenCounter<ResBody::Data> + Clone,
     ResBody: Body,
@@ -243,7 +248,11 @@ where
         let admit_request = match (self.to_request)(&request) {
             Ok(admit_request) => admit_request,
             Err(refusal) => {
-                return ResponseFuture { state: State::Answer { response: Some(refusal) }, counter: None, all_as_429 };
+                return ResponseFuture {
+                    state: State::Answer { response: Some(refusal.into().into_response()) },
+                    counter: None,
+                    all_as_429,
+                };
             }
         };
         request.extensions_mut().insert(admit_request);
@@ -260,6 +269,43 @@ where
             counter: Some(self.counter.clone()),
             all_as_429,
         }
+    }
+}
+
+/// A request mapper's answer to a request it will not admit: the response to send instead (a 400 for
+/// malformed input, a 413 for a prompt over the context length, ...).
+///
+/// Boxed, so that a mapper's `Result<Request, Refusal>` stays small. Built from an
+/// `http::Response<Bytes>` (or a boxed one) with `.into()`.
+///
+/// # Examples
+///
+/// ```
+/// use http::StatusCode;
+/// use kvgate::tower::Refusal;
+///
+/// let refusal: Refusal = kvgate::http::error_response(StatusCode::PAYLOAD_TOO_LARGE, "prompt too long", "invalid_request_error", "context_length_exceeded").into();
+/// assert_eq!(refusal.into_response().status(), 413);
+/// ```
+#[derive(Debug)]
+pub struct Refusal(Box<::http::Response<Bytes>>);
+
+impl Refusal {
+    /// The response to send.
+    pub fn into_response(self) -> ::http::Response<Bytes> {
+        *self.0
+    }
+}
+
+impl From<::http::Response<Bytes>> for Refusal {
+    fn from(response: ::http::Response<Bytes>) -> Self {
+        Self(Box::new(response))
+    }
+}
+
+impl From<Box<::http::Response<Bytes>>> for Refusal {
+    fn from(response: Box<::http::Response<Bytes>>) -> Self {
+        Self(response)
     }
 }
 

@@ -34,7 +34,7 @@ async fn grants_in_arrival_order() {
             assert!(pending(later), "waiter after {i} overtook");
         }
         let permit = (&mut waiters[0]).await.unwrap();
-        waiters.remove(0);
+        drop(waiters.remove(0));
         drop(permit);
     }
     assert_eq!(a.snapshot().queued, 0);

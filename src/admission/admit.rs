@@ -52,9 +52,13 @@ enum State {
 /// - after capacity was granted to it but before it was polled again: the granted slot and KV
 ///   reservation are released and handed to the next waiter, and the rate charges are refunded.
 ///
-/// A cancelled waiter's entry stays in the queue's ring (not counted against `queue_capacity`) until it
-/// reaches the head, where the dispatcher discards it; the ring has room for as many such entries as
-/// the queue holds live waiters.
+/// A cancelled waiter no longer counts against `queue_capacity`; its entry in the queue's ring is
+/// discarded when it reaches the head, or sooner when the ring fills up (the dispatcher then moves the
+/// live waiters out of the ring in order and drops the cancelled ones).
+///
+/// # Panics
+///
+/// Polling again after it returned `Poll::Ready` panics, as for most futures.
 ///
 /// # Examples
 ///
@@ -96,42 +100,19 @@ impl Admit {
 
     /// First poll: admit at once, or reject, or take a place in the queue.
     fn start(&mut self, cx: &mut Context<'_>) -> Poll<Result<Permit, Rejection>> {
-        let core = self.owner.core();
-        let rejection = match self.owner.admit_now(&self.owner, &self.request) {
-            Ok(permit) => return Poll::Ready(Ok(permit)),
-            Err(rejection @ Rejection::NoCapacity { .. }) if core.queue_capacity() > 0 => rejection,
-            Err(rejection) => return self.reject(rejection),
-        };
-        let ticket = match self.owner.prepare_wait(&self.request) {
-            Ok(ticket) => ticket,
-            Err(rejection) => return self.reject(rejection),
-        };
-        if ticket.deadline <= ticket.now {
-            self.owner.refund_rates(true, ticket.tokens_charged);
-            let _ = rejection;
-            return self.reject(Rejection::TimedOut);
+        let slot = AtomicWaker::new();
+        slot.register(cx.waker());
+        match admit_or_queue(&self.owner, &self.request, None, Notify::Task(slot)) {
+            Ok(Admitted::Now(permit)) => Poll::Ready(Ok(permit)),
+            Ok(Admitted::Queued(waiter, ticket)) => {
+                if ticket.deadline != u64::MAX {
+                    self.owner.core().watch_deadline(&self.owner, &waiter);
+                }
+                self.state = State::Waiting { waiter, ticket };
+                Poll::Pending
+            }
+            Err(rejection) => self.reject(rejection),
         }
-        let waiter = Arc::new(Waiter::new(
-            ticket.kv,
-            self.request.priority_class().index(),
-            ticket.deadline,
-            Notify::Task(AtomicWaker::new()),
-        ));
-        waiter.register(cx.waker());
-        if !core.enqueue(&waiter) {
-            self.owner.refund_rates(true, ticket.tokens_charged);
-            let rejection = if core.is_closed() {
-                Rejection::Closed
-            } else {
-                Rejection::QueueFull { retry_after: core.capacity_hint(core.queued()) }
-            };
-            return self.reject(rejection);
-        }
-        if ticket.deadline != u64::MAX {
-            core.watch_deadline(&self.owner, &waiter);
-        }
-        self.state = State::Waiting { waiter, ticket };
-        Poll::Pending
     }
 
     fn reject(&mut self, rejection: Rejection) -> Poll<Result<Permit, Rejection>> {
@@ -139,6 +120,51 @@ impl Admit {
         self.owner.core().count_rejection(&rejection);
         Poll::Ready(Err(rejection))
     }
+}
+
+/// The outcome of a request's first attempt.
+enum Admitted {
+    /// Capacity was free: here is the permit.
+    Now(Permit),
+    /// Queued: the waiter, and what was charged for it.
+    Queued(Arc<Waiter>, Ticket),
+}
+
+/// Admits `request` at once, or queues it with `notify` as its wake-up, or says why neither is possible.
+/// A rejection has already given back everything (it is not counted yet); a queued request holds its
+/// rate charges, recorded in the ticket. `timeout` further limits the wait.
+fn admit_or_queue(
+    owner: &Arc<dyn Owner>,
+    request: &Request,
+    timeout: Option<std::time::Duration>,
+    notify: Notify,
+) -> Result<Admitted, Rejection> {
+    let core = owner.core();
+    match owner.admit_now(owner, request) {
+        Ok(permit) => return Ok(Admitted::Now(permit)),
+        Err(Rejection::NoCapacity { .. }) if core.queue_capacity() > 0 => {}
+        Err(rejection) => return Err(rejection),
+    }
+    let mut ticket = owner.prepare_wait(request)?;
+    if let Some(timeout) = timeout {
+        let limit = ticket.now.saturating_add(crate::clock::duration_to_nanos(timeout));
+        ticket.deadline = ticket.deadline.min(limit);
+    }
+    let rejection = if ticket.deadline <= ticket.now {
+        Rejection::TimedOut
+    } else {
+        let waiter = Arc::new(Waiter::new(ticket.kv, request.priority_class().index(), ticket.deadline, notify));
+        if core.enqueue(&waiter) {
+            return Ok(Admitted::Queued(waiter, ticket));
+        }
+        if core.is_closed() {
+            Rejection::Closed
+        } else {
+            Rejection::QueueFull { retry_after: core.capacity_hint(core.queued()) }
+        }
+    };
+    owner.refund_rates(true, ticket.tokens_charged);
+    Err(rejection)
 }
 
 /// Resolves a waiter whose state has left `WAITING`, or `None` while it still waits (after ending it if
@@ -236,43 +262,14 @@ pub(crate) fn admit_blocking(
     request: Request,
     timeout: Option<std::time::Duration>,
 ) -> Result<Permit, Rejection> {
-    let core = owner.core();
-    let fail = |rejection: Rejection| {
-        core.count_rejection(&rejection);
-        Err(rejection)
+    let (waiter, ticket) = match admit_or_queue(&owner, &request, timeout, Notify::Thread(std::thread::current())) {
+        Ok(Admitted::Now(permit)) => return Ok(permit),
+        Ok(Admitted::Queued(waiter, ticket)) => (waiter, ticket),
+        Err(rejection) => {
+            owner.core().count_rejection(&rejection);
+            return Err(rejection);
+        }
     };
-    match owner.admit_now(&owner, &request) {
-        Ok(permit) => return Ok(permit),
-        Err(Rejection::NoCapacity { .. }) if core.queue_capacity() > 0 => {}
-        Err(rejection) => return fail(rejection),
-    }
-    let mut ticket = match owner.prepare_wait(&request) {
-        Ok(ticket) => ticket,
-        Err(rejection) => return fail(rejection),
-    };
-    if let Some(timeout) = timeout {
-        let limit = ticket.now.saturating_add(crate::clock::duration_to_nanos(timeout));
-        ticket.deadline = ticket.deadline.min(limit);
-    }
-    if ticket.deadline <= ticket.now {
-        owner.refund_rates(true, ticket.tokens_charged);
-        return fail(Rejection::TimedOut);
-    }
-    let waiter = Arc::new(Waiter::new(
-        ticket.kv,
-        request.priority_class().index(),
-        ticket.deadline,
-        Notify::Thread(std::thread::current()),
-    ));
-    if !core.enqueue(&waiter) {
-        owner.refund_rates(true, ticket.tokens_charged);
-        let rejection = if core.is_closed() {
-            Rejection::Closed
-        } else {
-            Rejection::QueueFull { retry_after: core.capacity_hint(core.queued()) }
-        };
-        return fail(rejection);
-    }
     // Give the waiter back if this thread unwinds while parked (a panicking waker, say).
     struct Guard<'a> {
         owner: &'a dyn Owner,

@@ -349,25 +349,28 @@ impl<C: Clock> Shared<C> {
         if core.has_waiters_at_or_above(request.priority_class().index()) || !core.try_reserve(kv) {
             return Err(Rejection::NoCapacity { retry_after: core.capacity_hint(core.queued()) });
         }
-        let now = self.clock.now_nanos();
-        let tokens_charged = match self.charge_rates(total, now) {
-            Ok(charged) => charged,
+        let mut now = self.clock.now_nanos();
+        let mut charged = self.charge_rates(total, now);
+        if matches!(charged, Err(Rejection::RateLimited { .. })) {
+            // A thread preempted between reading the clock and charging the bucket arrives with a stale
+            // time and would be refused for tokens that have accrued since: look again, once.
+            now = self.clock.now_nanos();
+            charged = self.charge_rates(total, now);
+        }
+        match charged {
+            Ok(tokens_charged) => Ok(self.grant(this, request, kv, tokens_charged, now)),
             Err(rejection) => {
                 core.release(kv);
-                return Err(rejection);
+                Err(rejection)
             }
-        };
-        let sequence = core.stats.admitted.fetch_add(1, Ordering::Relaxed);
-        Ok(Permit::new(
-            Arc::clone(this),
-            kv,
-            request.prompt_tokens(),
-            request.max_new_tokens(),
-            tokens_charged,
-            request.priority_class(),
-            now,
-            sequence,
-        ))
+        }
+    }
+
+    /// Counts an admission and builds its permit.
+    #[inline]
+    fn grant(&self, this: &Arc<dyn Owner>, request: &Request, kv: u64, tokens_charged: u64, now: u64) -> Permit {
+        let sequence = self.core.stats.admitted.fetch_add(1, Ordering::Relaxed);
+        Permit::new(Arc::clone(this), request, kv, tokens_charged, now, sequence)
     }
 
     /// Checks what never changes by waiting: a valid request, an open admission, and that it can fit at
@@ -479,17 +482,7 @@ impl<C: Clock> Owner for Shared<C> {
     }
 
     fn permit_for(&self, this: &Arc<dyn Owner>, request: &Request, kv: u64, tokens_charged: u64) -> Permit {
-        let sequence = self.core.stats.admitted.fetch_add(1, Ordering::Relaxed);
-        Permit::new(
-            Arc::clone(this),
-            kv,
-            request.prompt_tokens(),
-            request.max_new_tokens(),
-            tokens_charged,
-            request.priority_class(),
-            self.clock.now_nanos(),
-            sequence,
-        )
+        self.grant(this, request, kv, tokens_charged, self.clock.now_nanos())
     }
 
     fn real_time_until(&self, deadline: u64) -> Duration {

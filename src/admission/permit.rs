@@ -60,18 +60,24 @@ pub struct Permit {
 }
 
 impl Permit {
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         owner: Arc<dyn Owner>,
+        request: &crate::Request,
         kv: u64,
-        prompt_tokens: u32,
-        max_new_tokens: u32,
         tokens_charged: u64,
-        priority: Priority,
         admitted_at: u64,
         sequence: u64,
     ) -> Self {
-        Self { owner, kv, prompt_tokens, max_new_tokens, tokens_charged, priority, admitted_at, sequence }
+        Self {
+            owner,
+            kv,
+            prompt_tokens: request.prompt_tokens(),
+            max_new_tokens: request.max_new_tokens(),
+            tokens_charged,
+            priority: request.priority_class(),
+            admitted_at,
+            sequence,
+        }
     }
 
     /// Ends the generation having produced `output_tokens`, and refunds the part of the token-rate
