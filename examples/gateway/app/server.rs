@@ -15,7 +15,7 @@ use axum::routing::{get, post};
 use http::{HeaderMap, HeaderValue, StatusCode};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use kvgate::Admission;
-use kvgate::tower::AdmissionLayer;
+use kvgate::tower::{AdmissionLayer, Refusal};
 use std::sync::Arc;
 
 /// Where completions are generated.
@@ -165,7 +165,7 @@ pub async fn serve(listener: tokio::net::TcpListener, gateway: Gateway) -> std::
 
 /// The [`AdmissionLayer`]'s mapping function: the request to admit, from the [`Completion`] that
 /// [`read_completion`] put into the extensions.
-fn admission_request(request: &http::Request<Body>) -> Result<kvgate::Request, http::Response<bytes::Bytes>> {
+fn admission_request(request: &http::Request<Body>) -> Result<kvgate::Request, Refusal> {
     match request.extensions().get::<Arc<Completion>>() {
         Some(completion) => Ok(kvgate::Request::new(completion.prompt_tokens, completion.max_tokens)),
         None => Err(ApiError {
@@ -173,7 +173,8 @@ fn admission_request(request: &http::Request<Body>) -> Result<kvgate::Request, h
             message: "request was not read".into(),
             code: "internal",
         }
-        .to_response()),
+        .to_response()
+        .into()),
     }
 }
 
