@@ -460,3 +460,51 @@ async fn proxy_mode_passes_the_stream_through_and_cancels_upstream_when_the_clie
     assert_error_body(&response.text().await.unwrap());
     assert_drained(&gateway).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_429_answers_capacity_rejections_with_429() {
+    let mut config = sim_config(1, 0, 10_000, 20.0);
+    config.all_429 = true;
+    let gateway = Gateway::new(config).unwrap();
+    let addr = start(&gateway).await;
+    let http = client();
+    let running =
+        http.post(format!("http://{addr}/v1/chat/completions")).json(&chat("hi", 500, true)).send().await.unwrap();
+    assert_eq!(running.status(), 200);
+    let refused =
+        http.post(format!("http://{addr}/v1/chat/completions")).json(&chat("hi", 5, false)).send().await.unwrap();
+    assert_eq!(refused.status(), 429);
+    assert!(refused.headers().contains_key("retry-after"));
+    assert_eq!(assert_error_body(&refused.text().await.unwrap())["error"]["type"], "rate_limit_error");
+    drop(running);
+    assert_drained(&gateway).await;
+}
+
+#[test]
+fn flags_parse_and_misuse_is_reported() {
+    let args = |s: &str| s.split_whitespace().map(String::from).collect::<Vec<_>>();
+    let config = Config::from_args(args(
+        "--listen 127.0.0.1:9000 --upstream http://localhost:11434/v1 --max-in-flight 8 --queue 16 \
+         --max-queue-wait 1.5s --rate 20 --token-rate=5000 --kv-tokens 65536 --default-max-tokens 256 --all-429",
+    ))
+    .unwrap();
+    assert_eq!(config.listen, "127.0.0.1:9000".parse().unwrap());
+    assert_eq!(config.backend, BackendConfig::Upstream("http://localhost:11434/v1".into()));
+    assert_eq!((config.max_in_flight, config.queue, config.kv_tokens), (8, 16, Some(65_536)));
+    assert_eq!(config.max_queue_wait, Duration::from_millis(1500));
+    assert_eq!(config.rate, Some((20.0, 20)));
+    assert_eq!(config.token_rate, Some((5000.0, 50_000)));
+    assert_eq!((config.default_max_tokens, config.all_429), (256, true));
+    assert_eq!(Config::from_args(args("--max-queue-wait 250")).unwrap().max_queue_wait, Duration::from_millis(250));
+    assert_eq!(Config::from_args(args("--help")), Err(app::ArgError::Help));
+    assert!(matches!(Config::from_args(args("--bogus 1")), Err(app::ArgError::Bad(_))));
+    assert!(matches!(Config::from_args(args("--queue")), Err(app::ArgError::Bad(_))));
+    assert!(matches!(Config::from_args(args("--upstream https://x")), Err(app::ArgError::Bad(_))));
+    // A KV-byte budget from a model preset and a GPU.
+    let gateway = Gateway::new(Config::from_args(args("--model llama-3.1-8b --gpu h100-80")).unwrap()).unwrap();
+    assert!(gateway.admission().kv_in_bytes());
+    assert!(
+        Gateway::new(Config::from_args(args("--model llama-3.1-8b --gpu h100-80 --kv-tokens 5")).unwrap()).is_err()
+    );
+    assert!(Gateway::new(Config::from_args(args("--model llama-3.1-8b")).unwrap()).is_err());
+}
