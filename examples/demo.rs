@@ -130,7 +130,7 @@ async fn employee(id: u64, http: reqwest::Client, url: String, tally: Arc<Tally>
     let mut rng = SplitMix64::new(0x5eed ^ id.wrapping_mul(0x9e37_79b9_7f4a_7c15));
     tokio::time::sleep(Duration::from_millis(rng.next_u64() % 3_000)).await;
     let policy = RetryPolicy::new().base(Duration::from_millis(250)).cap(Duration::from_secs(4)).max_tries(10);
-    for _ in 0..REQUESTS_EACH {
+    for request in 0..REQUESTS_EACH {
         let prompt = "Please summarise this paragraph for me. ".repeat(5 + (rng.next_u64() % 60) as usize);
         let max_tokens = 32 + rng.next_u64() % 129;
         let stream = rng.next_u64() % 8 != 0;
@@ -161,7 +161,10 @@ async fn employee(id: u64, http: reqwest::Client, url: String, tally: Arc<Tally>
             }
         };
         tally.outcomes.lock().unwrap().push(outcome);
-        tokio::time::sleep(Duration::from_millis(500 + rng.next_u64() % 2_500)).await;
+        if request + 1 < REQUESTS_EACH {
+            // Reads the answer before asking the next question.
+            tokio::time::sleep(Duration::from_millis(500 + rng.next_u64() % 2_500)).await;
+        }
     }
 }
 
