@@ -346,7 +346,8 @@ pub(crate) struct TenantConfig {
 pub(crate) struct TenantRegistry<C: Clock> {
     config: TenantConfig,
     shards: Vec<RwLock<HashMap<TenantId, Arc<TenantState<C>>>>>,
-    per_shard: usize,
+    /// Capacity of each shard; they add up to `max_tenants`.
+    shard_capacity: Vec<usize>,
     overflow: Arc<TenantState<C>>,
     kv_capacity: u64,
     clock: C,
@@ -372,10 +373,10 @@ impl<C: Clock> TenantRegistry<C> {
             return Err(ConfigError::Zero { what: "max_tenants" });
         }
         let overflow = Arc::new(TenantState::new(OVERFLOW_KEY, &config.defaults, kv_capacity, &clock)?);
-        let per_shard = config.max_tenants.div_ceil(SHARDS);
+        let (base, extra) = (config.max_tenants / SHARDS, config.max_tenants % SHARDS);
         Ok(Self {
             shards: (0..SHARDS).map(|_| RwLock::new(HashMap::new())).collect(),
-            per_shard,
+            shard_capacity: (0..SHARDS).map(|i| base + usize::from(i < extra)).collect(),
             overflow,
             kv_capacity,
             clock,
@@ -390,7 +391,8 @@ impl<C: Clock> TenantRegistry<C> {
 
     /// The state of `id`, created if needed (or the overflow tenant when no room can be made).
     pub(crate) fn get(&self, id: TenantId, now: u64) -> Arc<TenantState<C>> {
-        let shard = &self.shards[(id.get() as usize ^ (id.get() >> 32) as usize) % SHARDS];
+        let index = (id.get() ^ (id.get() >> 32)) as usize % SHARDS;
+        let shard = &self.shards[index];
         if let Some(state) = shard.read().get(&id) {
             state.touch(now);
             return Arc::clone(state);
@@ -400,7 +402,7 @@ impl<C: Clock> TenantRegistry<C> {
             state.touch(now);
             return Arc::clone(state);
         }
-        if map.len() >= self.per_shard {
+        if map.len() >= self.shard_capacity[index] {
             let idle = crate::clock::duration_to_nanos(self.config.idle_timeout);
             let victim =
                 map.iter().find(|(_, s)| s.idle_since(now, idle) && Arc::strong_count(s) == 1).map(|(k, _)| *k);
