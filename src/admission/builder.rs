@@ -4,7 +4,7 @@ use super::core::{Core, MAX_QUEUE_CAPACITY};
 use super::tenant::{
     DEFAULT_MAX_TENANTS, DEFAULT_TENANT_IDLE_TIMEOUT, TenantConfig, TenantId, TenantLimits, TenantRegistry,
 };
-use super::{Admission, KvCost, Shared};
+use super::{Admission, KvCost, Reservation, ReservationState, Shared};
 use crate::bucket::TokenBucket;
 use crate::clock::{Clock, MonotonicClock};
 use crate::error::ConfigError;
@@ -42,6 +42,7 @@ pub struct AdmissionBuilder<C: Clock = MonotonicClock> {
     kv_capacity: Option<u64>,
     kv_capacity_bytes: Option<u64>,
     kv_cost: KvCost,
+    reservation: Reservation,
     request_rate: Option<(f64, u32)>,
     token_rate: Option<(f64, u64)>,
     max_queue_wait: Option<Duration>,
@@ -58,6 +59,7 @@ impl Default for AdmissionBuilder<MonotonicClock> {
             kv_capacity: None,
             kv_capacity_bytes: None,
             kv_cost: KvCost::Tokens,
+            reservation: Reservation::Full,
             request_rate: None,
             token_rate: None,
             max_queue_wait: None,
@@ -174,6 +176,7 @@ impl<C: Clock> AdmissionBuilder<C> {
             kv_capacity: self.kv_capacity,
             kv_capacity_bytes: self.kv_capacity_bytes,
             kv_cost: self.kv_cost,
+            reservation: self.reservation,
             request_rate: self.request_rate,
             token_rate: self.token_rate,
             max_queue_wait: self.max_queue_wait,
@@ -209,6 +212,13 @@ impl<C: Clock> AdmissionBuilder<C> {
     /// ```
     pub fn kv_model(mut self, spec: ModelSpec, dtype: KvDtype, block_size: u32) -> Self {
         self.kv_cost = KvCost::Bytes { spec: Arc::new(spec), dtype, block_size: block_size.max(1) };
+        self
+    }
+
+    /// How much of `max_new_tokens` a request reserves in the KV budget (default
+    /// [`Reservation::Full`]). See [`Reservation`] for the trade-off.
+    pub fn reservation(mut self, reservation: Reservation) -> Self {
+        self.reservation = reservation;
         self
     }
 
@@ -297,6 +307,7 @@ impl<C: Clock> AdmissionBuilder<C> {
             ),
             None => None,
         };
+        self.reservation.validate()?;
         let tenants = match self.tenants {
             Some(config) => Some(TenantRegistry::new(config, kv_capacity, self.clock.clone())?),
             None => None,
@@ -306,6 +317,7 @@ impl<C: Clock> AdmissionBuilder<C> {
                 core: Core::new(max_in_flight, kv_capacity, self.queue_capacity, self.deadline_timer),
                 clock: self.clock,
                 kv_cost: self.kv_cost,
+                reservation: ReservationState::new(self.reservation),
                 request_rate,
                 token_rate,
                 max_queue_wait: self.max_queue_wait.map(crate::clock::duration_to_nanos),

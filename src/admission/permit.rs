@@ -23,6 +23,8 @@ pub(crate) trait Owner: Send + Sync + fmt::Debug + 'static {
     fn admit_now(&self, this: &Arc<dyn Owner>, request: &crate::Request) -> Result<Permit, crate::Rejection>;
     /// Validates a request that will wait and charges its rates; says how long it may wait.
     fn prepare_wait(&self, request: &crate::Request) -> Result<super::admit::Ticket, crate::Rejection>;
+    /// Feeds a completed request's real output length to the reservation policy.
+    fn observe_output(&self, output_tokens: u32, max_new_tokens: u32);
     /// Builds the permit for a waiter that was granted.
     fn permit_for(&self, this: &Arc<dyn Owner>, request: &crate::Request, ticket: &super::admit::Ticket) -> Permit;
 }
@@ -102,6 +104,7 @@ impl Permit {
     /// assert!(admission.try_admit(&Request::new(100, 700)).is_ok());
     /// ```
     pub fn complete(self, output_tokens: u32) {
+        self.owner.observe_output(output_tokens, self.max_new_tokens);
         if self.tokens_charged != 0 || self.tenant.is_some() {
             // Every token bucket charged this request `prompt + max_new` tokens, so the unused part of
             // `max_new` is within what each of them holds for it.
