@@ -101,7 +101,7 @@ impl Reservation {
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         if let Reservation::Learned { initial, floor, headroom } = *self {
             let fraction = |v: f64| v > 0.0 && v <= 1.0;
-            if !fraction(initial) || !fraction(floor) || !(headroom >= 1.0 && headroom.is_finite()) {
+            if !(fraction(initial) && fraction(floor) && headroom >= 1.0 && headroom.is_finite()) {
                 return Err(ConfigError::OutOfRange {
                     what: "learned reservation",
                     reason: format!(
