@@ -11,6 +11,7 @@ pub mod queue;
 pub mod retry;
 pub mod stream;
 pub(crate) mod sync;
+mod telemetry;
 
 #[cfg(feature = "http-body")]
 pub mod http;

@@ -120,7 +120,7 @@ impl Admit {
 
     fn reject(&mut self, rejection: Rejection) -> Poll<Result<Permit, Rejection>> {
         self.state = State::Done;
-        self.owner.core().count_rejection(&rejection);
+        self.owner.core().count_rejection(&rejection, self.request.tenant_id().is_some());
         Poll::Ready(Err(rejection))
     }
 }
@@ -187,7 +187,10 @@ fn resolve(
 ) -> Option<Result<Permit, Rejection>> {
     loop {
         let rejection = match waiter.state() {
-            GRANTED => return Some(Ok(owner.permit_for(owner, request, ticket))),
+            GRANTED => {
+                crate::telemetry::queue_wait(now.saturating_sub(ticket.now));
+                return Some(Ok(owner.permit_for(owner, request, ticket)));
+            }
             WAITING => {
                 if now >= waiter.deadline && owner.core().abandon(waiter, TIMED_OUT) {
                     Rejection::TimedOut
@@ -202,7 +205,7 @@ fn resolve(
             _ => Rejection::Closed,
         };
         owner.refund_rates(true, ticket.tokens_charged, ticket.tenant.as_deref());
-        owner.core().count_rejection(&rejection);
+        owner.core().count_rejection(&rejection, ticket.tenant.is_some());
         return Some(Err(rejection));
     }
 }
@@ -278,7 +281,7 @@ pub(crate) fn admit_blocking(
         Ok(Admitted::Now(permit)) => return Ok(permit),
         Ok(Admitted::Queued(waiter, ticket)) => (waiter, ticket),
         Err(rejection) => {
-            owner.core().count_rejection(&rejection);
+            owner.core().count_rejection(&rejection, request.tenant_id().is_some());
             return Err(rejection);
         }
     };

@@ -269,8 +269,9 @@ impl Core {
 
     /// Records one rejection.
     #[inline]
-    pub(crate) fn count_rejection(&self, rejection: &crate::Rejection) {
+    pub(crate) fn count_rejection(&self, rejection: &crate::Rejection, has_tenant: bool) {
         self.stats.rejected[rejection.index()].fetch_add(1, Ordering::Relaxed);
+        crate::telemetry::rejected(rejection, has_tenant);
     }
 
     /// Feeds one observed permit hold time into the moving average.

@@ -279,7 +279,7 @@ impl<C: Clock> Admission<C> {
     pub fn try_admit(&self, request: &Request) -> Result<Permit, Rejection> {
         let result = self.shared.admit_now(&self.owner(), request);
         if let Err(rejection) = &result {
-            self.shared.core.count_rejection(rejection);
+            self.shared.core.count_rejection(rejection, request.tenant_id().is_some());
         }
         result
     }
@@ -372,6 +372,16 @@ impl<C: Clock> Admission<C> {
             closed: core.is_closed(),
             mean_hold: core.mean_hold(),
         }
+    }
+
+    /// Sets the gauges listed under *Metrics for operators* in the crate documentation (running,
+    /// waiting, KV use, tracked tenants, the ten busiest tenants) through the `metrics` facade. Call it
+    /// periodically or when the exporter is scraped; counters and histograms need no call.
+    #[cfg(feature = "metrics")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+    pub fn publish_metrics(&self) {
+        let unit = if self.kv_in_bytes() { "bytes" } else { "tokens" };
+        crate::telemetry::publish(&self.snapshot(), unit, self.tracked_tenants(), &self.busiest_tenants(10));
     }
 
     /// Tenants whose state is tracked now (0 without tenants). Never above
@@ -571,6 +581,7 @@ impl<C: Clock> Shared<C> {
         now: u64,
     ) -> Permit {
         let sequence = self.core.stats.admitted.fetch_add(1, Ordering::Relaxed);
+        crate::telemetry::admitted(request.priority_class());
         Permit::new(Arc::clone(this), request, kv, tokens_charged, tenant, now, sequence)
     }
 

@@ -149,9 +149,12 @@ impl Permit {
 impl Drop for Permit {
     fn drop(&mut self) {
         let core = self.owner.core();
-        if self.sequence % HOLD_SAMPLE_EVERY == 0 {
+        if crate::telemetry::HOLD_TIMES || self.sequence % HOLD_SAMPLE_EVERY == 0 {
             let held = self.owner.now_nanos().saturating_sub(self.admitted_at);
-            core.record_hold(held);
+            crate::telemetry::hold_time(held);
+            if self.sequence % HOLD_SAMPLE_EVERY == 0 {
+                core.record_hold(held);
+            }
         }
         if let Some(tenant) = &self.tenant {
             tenant.release(self.kv);
