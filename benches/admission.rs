@@ -122,5 +122,56 @@ fn run_pair(iters: u64, op: impl Fn() + Send + Clone + 'static) -> Duration {
     total / 2
 }
 
-criterion_group!(benches, uncontended, contended);
+/// Per-tenant limits: a request of a tenant already tracked (1,000 tenants in rotation) and of a tenant
+/// never seen before, against governor's keyed limiter (`check_key`) on the same keys.
+fn tenants(c: &mut Criterion) {
+    let mut group = c.benchmark_group("admission_tenant");
+    let admission = Admission::builder()
+        .max_in_flight(1024)
+        .kv_capacity_tokens(1 << 40)
+        .queue_capacity(0)
+        .tenant_defaults(kvgate::TenantLimits::new().request_rate(1e9, 1 << 30).max_in_flight(64))
+        .max_tenants(10_000)
+        .build()
+        .unwrap();
+    let keyed = RateLimiter::keyed(
+        Quota::per_second(NonZeroU32::new(1_000_000_000).unwrap()).allow_burst(NonZeroU32::new(1 << 30).unwrap()),
+    );
+    let mut i = 0u64;
+    group.bench_function("kvgate try_admit+drop, existing tenant", |b| {
+        b.iter(|| {
+            i = (i + 1) % 1_000;
+            drop(black_box(admission.try_admit(&Request::new(PROMPT, MAX_NEW).tenant(i))))
+        })
+    });
+    let mut i = 0u64;
+    group.bench_function("governor check_key, existing key", |b| {
+        b.iter(|| {
+            i = (i + 1) % 1_000;
+            black_box(keyed.check_key(&i))
+        })
+    });
+    let mut fresh = 1u64 << 32;
+    group.bench_function("kvgate try_admit+drop, new tenant", |b| {
+        b.iter(|| {
+            fresh += 1;
+            drop(black_box(admission.try_admit(&Request::new(PROMPT, MAX_NEW).tenant(fresh))))
+        })
+    });
+    let mut fresh = 1u64 << 32;
+    group.bench_function("governor check_key, new key", |b| {
+        b.iter(|| {
+            fresh += 1;
+            black_box(keyed.check_key(&fresh))
+        })
+    });
+    group.finish();
+    println!(
+        "after the run: kvgate tracks {} tenants (bounded by max_tenants); governor holds {} keys",
+        admission.tracked_tenants(),
+        keyed.len()
+    );
+}
+
+criterion_group!(benches, uncontended, contended, tenants);
 criterion_main!(benches);

@@ -8,7 +8,8 @@
 //! Tenant state is created on a tenant's first request and kept in a sharded map (no global lock: a
 //! request of a known tenant takes one shard's read lock). At most `max_tenants` tenants are tracked.
 //! When a shard is full, a tenant idle for at least `tenant_idle_timeout` (nothing in flight, no
-//! request since) is evicted to make room; if none is idle, the new tenant shares one *overflow* tenant
+//! request since) is evicted to make room — found among a bounded sample of the shard's entries, so a flood of
+//! new ids costs O(1) per request; if none is idle, the new tenant shares one *overflow* tenant
 //! with the default limits until room frees up. The number of distinct ids an attacker can invent
 //! therefore never grows memory: it only crowds those ids into the overflow tenant.
 //!
@@ -171,6 +172,8 @@ pub const DEFAULT_MAX_TENANTS: usize = 10_000;
 /// Default idle time after which a tenant may be evicted.
 pub const DEFAULT_TENANT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 const SHARDS: usize = 16;
+/// Entries examined for an idle victim when a shard is full.
+const EVICTION_PROBES: usize = 16;
 
 /// What a permit, a waiter and the dispatcher need from a tenant (clock-independent).
 pub(crate) trait TenantHandle: Send + Sync + fmt::Debug {
@@ -404,8 +407,12 @@ impl<C: Clock> TenantRegistry<C> {
         }
         if map.len() >= self.shard_capacity[index] {
             let idle = crate::clock::duration_to_nanos(self.config.idle_timeout);
-            let victim =
-                map.iter().find(|(_, s)| s.idle_since(now, idle) && Arc::strong_count(s) == 1).map(|(k, _)| *k);
+            // Look at a bounded number of entries, so that a flood of new ids costs O(1) each.
+            let victim = map
+                .iter()
+                .take(EVICTION_PROBES)
+                .find(|(_, s)| s.idle_since(now, idle) && Arc::strong_count(s) == 1)
+                .map(|(k, _)| *k);
             match victim {
                 Some(key) => {
                     map.remove(&key);
