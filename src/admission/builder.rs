@@ -328,7 +328,7 @@ impl<C: Clock> AdmissionBuilder<C> {
 }
 
 /// Names the admission's setting in a bucket's rate error.
-fn rename_rate(error: ConfigError, what: &'static str) -> ConfigError {
+pub(crate) fn rename_rate(error: ConfigError, what: &'static str) -> ConfigError {
     match error {
         ConfigError::InvalidRate { value, min, max, .. } => ConfigError::InvalidRate { what, value, min, max },
         other => other,

@@ -463,7 +463,10 @@ impl<C: Clock> Admission<C> {
         let bucket = self.shared.request_rate.as_ref().ok_or_else(|| {
             ConfigError::Conflict("this admission was built without a request rate; set one in the builder".into())
         })?;
-        bucket.set_rate(per_second, u64::from(burst))
+        if burst == 0 {
+            return Err(ConfigError::Zero { what: "request rate burst" });
+        }
+        bucket.set_rate(per_second, u64::from(burst)).map_err(|e| builder::rename_rate(e, "request rate"))
     }
 
     /// Changes the token rate at run time, keeping the tokens currently available (capped at the new
@@ -477,7 +480,10 @@ impl<C: Clock> Admission<C> {
         let bucket = self.shared.token_rate.as_ref().ok_or_else(|| {
             ConfigError::Conflict("this admission was built without a token rate; set one in the builder".into())
         })?;
-        bucket.set_rate(per_second, burst)
+        if burst == 0 {
+            return Err(ConfigError::Zero { what: "token rate burst" });
+        }
+        bucket.set_rate(per_second, burst).map_err(|e| builder::rename_rate(e, "token rate"))
     }
 
     /// Ends the waits whose deadline has passed on the admission's clock, and returns how many. A timer

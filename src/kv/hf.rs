@@ -212,8 +212,18 @@ fn family_of(model_type: &str) -> Option<Family> {
     MODEL_TYPES.iter().find(|(name, _)| *name == base).map(|&(_, f)| f)
 }
 
+/// Most layers a config may declare. The deepest published models have a few hundred; the parser works
+/// per layer, so an absurd count in a hostile file must be refused rather than iterated.
+const MAX_LAYERS: u32 = 65_536;
+
 fn parse(sec: &Section<'_>, family: Family) -> Result<ModelSpec, ConfigError> {
     let layers = sec.nonzero("num_hidden_layers", sec.u32_req("num_hidden_layers")?)?;
+    if layers > MAX_LAYERS {
+        return Err(ConfigError::InvalidKey {
+            key: sec.path("num_hidden_layers"),
+            reason: format!("{layers} layers; at most {MAX_LAYERS} are supported"),
+        });
+    }
     let builder = ModelSpec::builder(sec.model_type);
 
     if family == Family::DeepSeek {

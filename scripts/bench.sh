@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Runs every criterion bench of kvgate against its competitors in one go, then writes the tables and the
+# ratio chart used in BENCHMARKS.md (target/bench-report/summary.md, target/bench-report/ratios.svg).
+#   scripts/bench.sh                 # default: 2 s warm-up, 5 s measurement per bench
+#   WARMUP=1 MEASURE=3 scripts/bench.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rm -rf target/criterion
+for bench in queue bucket admission waiting; do
+  cargo bench --bench "$bench" -- --warm-up-time "${WARMUP:-2}" --measurement-time "${MEASURE:-5}"
+done
+python3 scripts/bench_report.py target/criterion
