@@ -8,12 +8,20 @@
 //!
 //! # Order of checks
 //! 1. the request itself (`Invalid`), whether the admission is closed, and whether the request could ever
-//!    fit (`TooLarge`) — these consume nothing;
+//!    fit (`TooLarge`: more KV than the budget or the tenant's share, more tokens than a burst) — these
+//!    consume nothing;
 //! 2. waiters of the same or a higher priority: a new request never overtakes them (`NoCapacity`);
-//! 3. the in-flight slot and the KV budget (`NoCapacity`);
-//! 4. the request rate, then the token rate (`RateLimited`), only after capacity was found, so that a
-//!    request refused for capacity does not spend rate tokens. A refusal at step 4 gives back what
-//!    steps 3 and 4 took before returning.
+//! 3. the in-flight slot and the KV budget (`NoCapacity`), then the tenant's own in-flight cap and KV
+//!    share (`RateLimited`: the client is over its share, not the server out of room);
+//! 4. the request rate and the token rate, global then the tenant's (`RateLimited`), only after capacity
+//!    was found, so that a request refused for capacity does not spend rate tokens. A refusal at any
+//!    step gives back what the earlier steps took before returning.
+//!
+//! # Submodules
+//! `core` (gauges, waiting count, dispatcher), `fair` (per-tenant round-robin inside a class), `waiter`
+//! (one waiting request's state word), `admit` (the future and the blocking wait), `timer` (deadlines),
+//! `tenant` (per-tenant limits and the bounded registry), `permit`, `rejection`, `request`, `snapshot`,
+//! `builder`.
 
 mod admit;
 mod builder;
