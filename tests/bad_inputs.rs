@@ -110,7 +110,9 @@ fn bucket_absurd_amounts_do_not_panic() {
     // A time far before the last one used: no panic, no extra tokens, an honest positive hint (the
     // bucket waits for the clock to come back to where it was).
     match bucket.try_acquire_at(1, 0) {
-        Err(kvgate::bucket::AcquireError::NotYet { retry_after }) => assert!(retry_after > Duration::from_secs(1 << 33)),
+        Err(kvgate::bucket::AcquireError::NotYet { retry_after }) => {
+            assert!(retry_after > Duration::from_secs(1 << 33))
+        }
         other => panic!("{other:?}"),
     }
 }
@@ -130,7 +132,10 @@ fn builder_request_and_token_rates() {
         Admission::builder().request_rate(1.0, 0).build().unwrap_err(),
         ConfigError::Zero { what: "request rate burst" }
     );
-    assert_eq!(Admission::builder().token_rate(1.0, 0).build().unwrap_err(), ConfigError::Zero { what: "token rate burst" });
+    assert_eq!(
+        Admission::builder().token_rate(1.0, 0).build().unwrap_err(),
+        ConfigError::Zero { what: "token rate burst" }
+    );
 }
 
 #[test]
@@ -138,7 +143,10 @@ fn builder_zero_limits() {
     let err = Admission::builder().max_in_flight(0).build().unwrap_err();
     assert_eq!(err, ConfigError::Zero { what: "max_in_flight" });
     assert!(err.to_string().starts_with("max_in_flight is 0, so nothing could ever be admitted"), "{err}");
-    assert_eq!(Admission::builder().kv_capacity_tokens(0).build().unwrap_err(), ConfigError::Zero { what: "KV capacity" });
+    assert_eq!(
+        Admission::builder().kv_capacity_tokens(0).build().unwrap_err(),
+        ConfigError::Zero { what: "KV capacity" }
+    );
     let spec = ModelSpec::preset("llama-3.1-8b").unwrap();
     let err = Admission::builder().kv_model(spec, KvDtype::Bf16, 16).kv_capacity_bytes(0).build().unwrap_err();
     assert_eq!(err, ConfigError::Zero { what: "KV capacity" });
@@ -214,7 +222,8 @@ fn runtime_setters_refuse_bad_values_and_change_nothing() {
     assert_idle(&a);
 
     let bare = Admission::builder().build().unwrap();
-    for (result, what) in [(bare.set_request_rate(1.0, 1), "request rate"), (bare.set_token_rate(1.0, 1), "token rate")] {
+    for (result, what) in [(bare.set_request_rate(1.0, 1), "request rate"), (bare.set_token_rate(1.0, 1), "token rate")]
+    {
         match result.unwrap_err() {
             ConfigError::Conflict(msg) => assert!(msg.contains(&format!("built without a {what}")), "{msg}"),
             other => panic!("{other:?}"),
@@ -441,7 +450,11 @@ fn config_missing_keys() {
     missing_key(r#"{"model_type":"llama","num_hidden_layers":2,"num_attention_heads":2}"#, "hidden_size", "llama");
     missing_key(r#"{"model_type":"gemma2","num_hidden_layers":2}"#, "num_key_value_heads", "gemma2");
     missing_key(r#"{"model_type":"deepseek_v3","num_hidden_layers":2}"#, "kv_lora_rank", "deepseek_v3");
-    missing_key(r#"{"model_type":"deepseek_v3","num_hidden_layers":2,"kv_lora_rank":512}"#, "qk_rope_head_dim", "deepseek_v3");
+    missing_key(
+        r#"{"model_type":"deepseek_v3","num_hidden_layers":2,"kv_lora_rank":512}"#,
+        "qk_rope_head_dim",
+        "deepseek_v3",
+    );
     missing_key(
         r#"{"model_type":"gemma4","num_hidden_layers":2,"num_key_value_heads":1,"head_dim":8}"#,
         "layer_types",
@@ -474,7 +487,8 @@ fn config_wrong_types() {
     let reason = invalid_key(&llama(r#""layer_types":["full_attention","cross_attention"]"#), "layer_types");
     assert!(reason.contains("unsupported layer type \"cross_attention\"; known: full_attention"), "{reason}");
     for text_config in ["\"x\"", "[]", "3", "true"] {
-        let reason = invalid_key(&format!("{{\"model_type\":\"gemma3\",\"text_config\":{text_config}}}"), "text_config");
+        let reason =
+            invalid_key(&format!("{{\"model_type\":\"gemma3\",\"text_config\":{text_config}}}"), "text_config");
         assert!(reason.starts_with("expected an object"), "{reason}");
     }
 }
@@ -536,7 +550,11 @@ fn config_inconsistent_layouts() {
 #[test]
 fn config_hostile_shapes() {
     // Nesting deeper than serde_json's recursion limit (128) is refused as JSON.
-    let deep = format!("{{\"model_type\":\"gemma3\",\"text_config\":{}{}}}", "{\"text_config\":".repeat(200), "{}".to_owned() + &"}".repeat(200));
+    let deep = format!(
+        "{{\"model_type\":\"gemma3\",\"text_config\":{}{}}}",
+        "{\"text_config\":".repeat(200),
+        "{}".to_owned() + &"}".repeat(200)
+    );
     assert!(invalid_json(&deep).contains("recursion limit"));
     // A long chain below the limit: only the first text_config is read.
     let chain = format!(
@@ -638,11 +656,17 @@ fn gpu_plan_bad_settings() {
     }
     match llama_8b_plan().tensor_parallel(3).build().unwrap_err() {
         ConfigError::Conflict(msg) => {
-            assert!(msg.contains("tensor-parallel degree 3 neither divides nor is a multiple of the 8 KV heads"), "{msg}")
+            assert!(
+                msg.contains("tensor-parallel degree 3 neither divides nor is a multiple of the 8 KV heads"),
+                "{msg}"
+            )
         }
         other => panic!("{other:?}"),
     }
-    assert_eq!(llama_8b_plan().tensor_parallel(0).build().unwrap_err(), ConfigError::Zero { what: "tensor-parallel degree" });
+    assert_eq!(
+        llama_8b_plan().tensor_parallel(0).build().unwrap_err(),
+        ConfigError::Zero { what: "tensor-parallel degree" }
+    );
     assert_eq!(llama_8b_plan().block_size(0).build().unwrap_err(), ConfigError::Zero { what: "block size" });
     assert_eq!(llama_8b_plan().gpu_memory_bytes(0).build().unwrap_err(), ConfigError::Zero { what: "GPU memory" });
     for weights in [u64::MAX, 80 << 30] {

@@ -91,7 +91,9 @@ impl Live {
 
 fn check_rejection(r: &Rejection) {
     match r {
-        Rejection::NoCapacity { retry_after } | Rejection::RateLimited { retry_after } | Rejection::QueueFull { retry_after } => {
+        Rejection::NoCapacity { retry_after }
+        | Rejection::RateLimited { retry_after }
+        | Rejection::QueueFull { retry_after } => {
             assert!(*retry_after > Duration::ZERO, "zero retry hint in {r:?}")
         }
         Rejection::TooLarge { requested, capacity, .. } => {

@@ -87,7 +87,9 @@ impl Rate {
         match *self {
             Rate::LogUniform(x) => 10f64.powf(-3.0 + 12.0 * f64::from(x) / f64::from(u32::MAX)).clamp(0.001, 1e9),
             Rate::Integer(x) => f64::from(x.clamp(1, 1_000_000_000)),
-            Rate::Edge(i) => [0.001, 0.002, 0.1, 1.0, 3.0, 7.0, 1000.0, 123_456.789, 999_999_999.0, 1e9][usize::from(i % 10)],
+            Rate::Edge(i) => {
+                [0.001, 0.002, 0.1, 1.0, 3.0, 7.0, 1000.0, 123_456.789, 999_999_999.0, 1e9][usize::from(i % 10)]
+            }
             Rate::Raw(bits) => f64::from_bits(bits),
         }
     }
@@ -101,8 +103,14 @@ fn valid_rate(r: f64) -> bool {
 enum Op {
     Advance(u64),
     AdvanceSmall(u16),
-    Acquire { n: u64, follow_hint: bool },
-    AcquireSmall { n: u8, follow_hint: bool },
+    Acquire {
+        n: u64,
+        follow_hint: bool,
+    },
+    AcquireSmall {
+        n: u8,
+        follow_hint: bool,
+    },
     Refund(u64),
     RefundSmall(u8),
     SetRate(Rate, u64),

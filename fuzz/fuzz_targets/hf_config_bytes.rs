@@ -37,7 +37,10 @@ fn known_slow(json: &str) -> bool {
     let Ok(serde_json::Value::Object(root)) = serde_json::from_str::<serde_json::Value>(json) else { return false };
     let layers = |v: Option<&serde_json::Value>| v.and_then(serde_json::Value::as_u64).is_some_and(|n| n > 1 << 16);
     layers(root.get("num_hidden_layers"))
-        || root.get("text_config").and_then(serde_json::Value::as_object).is_some_and(|t| layers(t.get("num_hidden_layers")))
+        || root
+            .get("text_config")
+            .and_then(serde_json::Value::as_object)
+            .is_some_and(|t| layers(t.get("num_hidden_layers")))
 }
 
 fuzz_target!(|data: &[u8]| {

@@ -37,9 +37,32 @@ const KEYS: &[&str] = &[
 ];
 
 const MODEL_TYPES: &[&str] = &[
-    "llama", "mixtral", "mistral", "phi3", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "qwen3_next", "qwen3_5",
-    "qwen3_5_moe", "gemma", "gemma2", "gemma3", "gemma3_text", "gemma4", "gemma4_text", "deepseek_v2", "deepseek_v3",
-    "gpt_oss", "jamba", "llava", "bert", "", "_text", "LLAMA",
+    "llama",
+    "mixtral",
+    "mistral",
+    "phi3",
+    "qwen2",
+    "qwen2_moe",
+    "qwen3",
+    "qwen3_moe",
+    "qwen3_next",
+    "qwen3_5",
+    "qwen3_5_moe",
+    "gemma",
+    "gemma2",
+    "gemma3",
+    "gemma3_text",
+    "gemma4",
+    "gemma4_text",
+    "deepseek_v2",
+    "deepseek_v3",
+    "gpt_oss",
+    "jamba",
+    "llava",
+    "bert",
+    "",
+    "_text",
+    "LLAMA",
 ];
 
 const LAYER_TYPES: &[&str] =
@@ -71,7 +94,8 @@ impl Val {
             Val::Small(n) => Value::from(*n),
             Val::Int(n) => Value::from(*n),
             Val::Edge(i) => {
-                let edges = [0u64, 1, 2, 3, 4, 6, 8, 16, 64, 128, 256, 4096, 131_072, u64::from(u32::MAX), 1 << 32, u64::MAX];
+                let edges =
+                    [0u64, 1, 2, 3, 4, 6, 8, 16, 64, 128, 256, 4096, 131_072, u64::from(u32::MAX), 1 << 32, u64::MAX];
                 Value::from(edges[usize::from(*i) % edges.len()])
             }
             Val::Neg(n) => Value::from(*n),
@@ -114,7 +138,10 @@ fn known_slow(json: &str) -> bool {
     let Ok(serde_json::Value::Object(root)) = serde_json::from_str::<serde_json::Value>(json) else { return false };
     let layers = |v: Option<&serde_json::Value>| v.and_then(serde_json::Value::as_u64).is_some_and(|n| n > 1 << 16);
     layers(root.get("num_hidden_layers"))
-        || root.get("text_config").and_then(serde_json::Value::as_object).is_some_and(|t| layers(t.get("num_hidden_layers")))
+        || root
+            .get("text_config")
+            .and_then(serde_json::Value::as_object)
+            .is_some_and(|t| layers(t.get("num_hidden_layers")))
 }
 
 fuzz_target!(|input: Input| {
