@@ -172,7 +172,7 @@ fn tokio_runtime_dropped_while_a_grant_is_in_flight() {
     let held = a.try_admit(&Request::new(1, 1)).unwrap();
     let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
     let a2 = a.clone();
-    let task = rt.spawn(async move { a2.admit(&Request::new(1, 1)).await.map(|p| std::mem::forget(p)) });
+    let task = rt.spawn(async move { a2.admit(&Request::new(1, 1)).await.map(drop) });
     // Poll the task once: it queues.
     rt.block_on(tokio::task::yield_now());
     assert_eq!(a.snapshot().queued, 1);
