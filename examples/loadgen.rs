@@ -181,12 +181,8 @@ async fn client(id: usize, http: reqwest::Client, url: String, deadline: Instant
             "max_tokens": 16 + rng.below(112),
             "messages": [{ "role": "user", "content": "word ".repeat(8 + rng.below(120) as usize) }],
         });
-        let sent = http
-            .post(format!("{url}/v1/chat/completions"))
-            .json(&body)
-            .timeout(Duration::from_secs(60))
-            .send()
-            .await;
+        let sent =
+            http.post(format!("{url}/v1/chat/completions")).json(&body).timeout(Duration::from_secs(60)).send().await;
         let response = match sent {
             Ok(response) => response,
             Err(e) => {
