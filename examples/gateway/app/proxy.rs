@@ -1,5 +1,19 @@
 //! Proxy mode: forwards admitted requests to an OpenAI-compatible server (vLLM, llama.cpp's
-//! `llama-server`, Ollama, TGI, ...) over plain http, and passes its answer through chunk by chunk.
+//! `llama-server`, Ollama, TGI, ...) over plain http, and passes its answer on: an SSE stream event by
+//! event, anything else (a whole JSON completion, an error) read whole and checked to be JSON.
+//!
+//! A broken upstream never holds a permit for longer than `--upstream-timeout` at a time:
+//!
+//! | upstream | client gets |
+//! |---|---|
+//! | no response headers within the timeout (hung) | 504 `upstream_timeout` |
+//! | refuses, resets or closes the connection; answers something that is not HTTP | 502 `upstream_unreachable` |
+//! | a non-SSE body that is not JSON (an HTML error page), or that breaks off | 502 `upstream_bad_response` |
+//! | a non-SSE body that stalls for the timeout | 504 `upstream_timeout` |
+//! | an SSE stream that breaks off / stalls for the timeout | the whole events so far, then one SSE error event (`upstream_stream_error` / `upstream_timeout`), then the end of the stream |
+//!
+//! Errors are OpenAI-shaped (`type: upstream_error`). The response ends in every case, so the
+//! permit-holding body returns the permit.
 //!
 //! The upstream response body becomes the client's response body (inside the permit-holding body), so
 //! when the client goes away hyper drops it, which drops reqwest's response and closes the upstream
