@@ -16,6 +16,10 @@ SERVER:
     --upstream URL             proxy to an OpenAI-compatible server over plain http, e.g.
                                http://localhost:8000 (vLLM), http://localhost:8080 (llama-server),
                                http://localhost:11434/v1 (Ollama); without it a simulated backend answers
+    --upstream-timeout D       longest wait for the upstream's response headers, and then between two
+                               pieces of its body; past it the client gets a 504 (or, mid-stream, an SSE
+                               error event) and the permit is returned. A non-streamed completion sends
+                               nothing until it is done: raise it for long ones (default 120s)
     --sim-tokens-per-sec N     simulated backend: tokens per second of one sequence alone (default 50);
                                it slows down as its batch grows
 
@@ -56,6 +60,8 @@ pub enum BackendConfig {
 pub struct Config {
     pub listen: SocketAddr,
     pub backend: BackendConfig,
+    /// Proxy mode: longest wait for response headers, and then between two body chunks.
+    pub upstream_timeout: Duration,
     pub max_in_flight: usize,
     pub queue: usize,
     pub max_queue_wait: Duration,
@@ -76,6 +82,7 @@ impl Default for Config {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             backend: BackendConfig::Simulated { tokens_per_sec: 50.0 },
+            upstream_timeout: Duration::from_secs(120),
             max_in_flight: 32,
             queue: 256,
             max_queue_wait: Duration::from_secs(30),
@@ -139,6 +146,10 @@ impl Config {
                         return Err(bad("a plain http:// URL (this example has no TLS)"));
                     }
                     upstream = Some(value);
+                }
+                "--upstream-timeout" => {
+                    config.upstream_timeout =
+                        parse_duration(&value).filter(|d| !d.is_zero()).ok_or_else(|| bad("a duration > 0"))?
                 }
                 "--sim-tokens-per-sec" => sim_rate = positive_f64(&value).ok_or_else(|| bad("a positive number"))?,
                 "--max-in-flight" => config.max_in_flight = value.parse().map_err(|_| bad("a count"))?,

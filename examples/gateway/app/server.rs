@@ -100,7 +100,7 @@ impl Gateway {
                 max_seqs: config.max_in_flight,
                 kv_budget: admission.snapshot().kv_capacity,
             })),
-            BackendConfig::Upstream(url) => Backend::Upstream(Proxy::new(url)?),
+            BackendConfig::Upstream(url) => Backend::Upstream(Proxy::new(url, config.upstream_timeout)?),
         };
         let served_model = config.model.clone().unwrap_or_else(|| match backend {
             Backend::Simulated(_) => "kvgate-sim".into(),
