@@ -16,12 +16,34 @@
 
 use super::waiter::{WAITING, Waiter};
 use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
+
+/// Tenant keys are already hashes (or small ids): one multiply spreads them, no SipHash needed on the
+/// dispatcher's path.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(byte)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_u64(&mut self, key: u64) {
+        self.0 = (self.0 ^ key).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+type ByTenant = HashMap<u64, VecDeque<Arc<Waiter>>, BuildHasherDefault<KeyHasher>>;
 
 /// Waiters of one priority class, by tenant.
 #[derive(Debug, Default)]
 pub(crate) struct FairQueue {
-    by_tenant: HashMap<u64, VecDeque<Arc<Waiter>>>,
+    by_tenant: ByTenant,
     /// Tenants with entries, in service order; the front is being served.
     ring: VecDeque<u64>,
     /// Grants made to the front tenant in its current turn.
