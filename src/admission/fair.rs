@@ -81,7 +81,7 @@ impl FairQueue {
             if let Some(head) = queue.front() {
                 return Some(Arc::clone(head));
             }
-            self.by_tenant.remove(&key);
+            // Keep the empty queue (and its buffer) for the tenant's next waiter; `shrink` drops idle ones.
             self.ring.pop_front();
             self.served_in_turn = 0;
         }
@@ -98,9 +98,7 @@ impl FairQueue {
         if granted {
             self.served_in_turn += 1;
         }
-        let empty = queue.is_empty();
-        if empty {
-            self.by_tenant.remove(&key);
+        if queue.is_empty() {
             self.ring.pop_front();
             self.served_in_turn = 0;
         } else if self.served_in_turn >= waiter.weight.max(1) {
@@ -124,10 +122,11 @@ impl FairQueue {
         self.by_tenant.drain().flat_map(|(_, queue)| queue)
     }
 
-    /// Drops finished waiters everywhere when they make up most of the entries, so memory stays
-    /// proportional to live waiters (`live` is the class's exact waiting count).
+    /// Drops finished waiters, and the queues of tenants that no longer wait, when they make up most of
+    /// what is held, so memory stays proportional to live waiters (`live` is the class's exact waiting
+    /// count) and waiting tenants.
     pub(crate) fn shrink(&mut self, live: usize) {
-        if self.len <= 2 * live + 64 {
+        if self.len <= 2 * live + 64 && self.by_tenant.len() <= 2 * self.ring.len() + 64 {
             return;
         }
         for queue in self.by_tenant.values_mut() {
