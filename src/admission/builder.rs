@@ -1,11 +1,11 @@
 //! Configuring an [`Admission`]: every limit optional, every mistake reported by `build()`.
 
 use super::core::{Core, MAX_QUEUE_CAPACITY};
+use super::rates::Rates;
 use super::tenant::{
     DEFAULT_MAX_TENANTS, DEFAULT_TENANT_IDLE_TIMEOUT, TenantConfig, TenantId, TenantLimits, TenantRegistry,
 };
 use super::{Admission, KvCost, Reservation, ReservationState, Shared};
-use crate::bucket::TokenBucket;
 use crate::clock::{Clock, MonotonicClock};
 use crate::error::ConfigError;
 use crate::kv::{GpuPlan, KvDtype, ModelSpec};
@@ -292,21 +292,18 @@ impl<C: Clock> AdmissionBuilder<C> {
                 ),
             });
         }
-        let request_rate = match self.request_rate {
-            Some((_, 0)) => return Err(ConfigError::Zero { what: "request rate burst" }),
-            Some((rate, burst)) => Some(
-                TokenBucket::with_clock(rate, u64::from(burst), self.clock.clone())
-                    .map_err(|e| rename_rate(e, "request rate"))?,
-            ),
-            None => None,
-        };
-        let token_rate = match self.token_rate {
-            Some((_, 0)) => return Err(ConfigError::Zero { what: "token rate burst" }),
-            Some((rate, burst)) => Some(
-                TokenBucket::with_clock(rate, burst, self.clock.clone()).map_err(|e| rename_rate(e, "token rate"))?,
-            ),
-            None => None,
-        };
+        if matches!(self.request_rate, Some((_, 0))) {
+            return Err(ConfigError::Zero { what: "request rate burst" });
+        }
+        if matches!(self.token_rate, Some((_, 0))) {
+            return Err(ConfigError::Zero { what: "token rate burst" });
+        }
+        let rates = Rates::new(
+            self.request_rate.map(|(rate, burst)| (rate, u64::from(burst))),
+            self.token_rate,
+            ("request rate", "token rate"),
+            &self.clock,
+        )?;
         self.reservation.validate()?;
         let tenants = match self.tenants {
             Some(config) => Some(TenantRegistry::new(config, kv_capacity, self.clock.clone())?),
@@ -318,19 +315,10 @@ impl<C: Clock> AdmissionBuilder<C> {
                 clock: self.clock,
                 kv_cost: self.kv_cost,
                 reservation: ReservationState::new(self.reservation),
-                request_rate,
-                token_rate,
+                rates,
                 max_queue_wait: self.max_queue_wait.map(crate::clock::duration_to_nanos),
                 tenants,
             }),
         })
-    }
-}
-
-/// Names the admission's setting in a bucket's rate error.
-pub(crate) fn rename_rate(error: ConfigError, what: &'static str) -> ConfigError {
-    match error {
-        ConfigError::InvalidRate { value, min, max, .. } => ConfigError::InvalidRate { what, value, min, max },
-        other => other,
     }
 }

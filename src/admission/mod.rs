@@ -28,6 +28,7 @@ mod builder;
 mod core;
 mod fair;
 mod permit;
+mod rates;
 mod rejection;
 mod request;
 mod snapshot;
@@ -44,12 +45,12 @@ pub use snapshot::{RejectionCounts, Snapshot};
 pub use tenant::{DEFAULT_MAX_TENANTS, DEFAULT_TENANT_IDLE_TIMEOUT, TenantId, TenantLimits};
 
 use self::core::Core;
-use crate::bucket::{AcquireError, TokenBucket};
-use crate::clock::{Clock, MonotonicClock, nanos_to_duration};
+use crate::clock::{Clock, MonotonicClock};
 use crate::error::ConfigError;
 use crate::kv::{KvDtype, ModelSpec};
 use crate::sync::Ordering;
 use permit::Owner;
+use rates::{RateRefusal, Rates};
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -246,8 +247,7 @@ pub(crate) struct Shared<C: Clock> {
     pub(crate) clock: C,
     pub(crate) kv_cost: KvCost,
     pub(crate) reservation: ReservationState,
-    pub(crate) request_rate: Option<TokenBucket<C>>,
-    pub(crate) token_rate: Option<TokenBucket<C>>,
+    pub(crate) rates: Rates<C>,
     /// Default longest queue wait in clock nanoseconds.
     pub(crate) max_queue_wait: Option<u64>,
     pub(crate) tenants: Option<TenantRegistry<C>>,
@@ -468,13 +468,13 @@ impl<C: Clock> Admission<C> {
     /// [`ConfigError`] for an invalid rate or zero burst, and [`ConfigError::Conflict`] if the admission
     /// was built without a request rate.
     pub fn set_request_rate(&self, per_second: f64, burst: u32) -> Result<(), ConfigError> {
-        let bucket = self.shared.request_rate.as_ref().ok_or_else(|| {
+        let bucket = self.shared.rates.requests.as_ref().ok_or_else(|| {
             ConfigError::Conflict("this admission was built without a request rate; set one in the builder".into())
         })?;
         if burst == 0 {
             return Err(ConfigError::Zero { what: "request rate burst" });
         }
-        bucket.set_rate(per_second, u64::from(burst)).map_err(|e| builder::rename_rate(e, "request rate"))
+        bucket.set_rate(per_second, u64::from(burst)).map_err(|e| rates::rename_rate(e, "request rate"))
     }
 
     /// Changes the token rate at run time, keeping the tokens currently available (capped at the new
@@ -485,13 +485,13 @@ impl<C: Clock> Admission<C> {
     /// [`ConfigError`] for an invalid rate or zero burst, and [`ConfigError::Conflict`] if the admission
     /// was built without a token rate.
     pub fn set_token_rate(&self, per_second: f64, burst: u64) -> Result<(), ConfigError> {
-        let bucket = self.shared.token_rate.as_ref().ok_or_else(|| {
+        let bucket = self.shared.rates.tokens.as_ref().ok_or_else(|| {
             ConfigError::Conflict("this admission was built without a token rate; set one in the builder".into())
         })?;
         if burst == 0 {
             return Err(ConfigError::Zero { what: "token rate burst" });
         }
-        bucket.set_rate(per_second, burst).map_err(|e| builder::rename_rate(e, "token rate"))
+        bucket.set_rate(per_second, burst).map_err(|e| rates::rename_rate(e, "token rate"))
     }
 
     /// Ends the waits whose deadline has passed on the admission's clock, and returns how many. A timer
@@ -559,11 +559,11 @@ impl<C: Clock> Shared<C> {
                 return Err(rejection);
             }
         };
-        if let Err(retry_after) = tenant.charge_rates(total, now) {
+        if let Err(rejection) = tenant.charge_rates(total, now) {
             self.refund_global(true, tokens_charged, now);
             tenant.release(kv);
             core.release(kv);
-            return Err(Rejection::RateLimited { retry_after });
+            return Err(rejection);
         }
         Ok(self.grant(this, request, kv, tokens_charged, Some(tenant), now))
     }
@@ -601,16 +601,7 @@ impl<C: Clock> Shared<C> {
 
     /// Gives back global rate charges.
     fn refund_global(&self, request: bool, tokens: u64, now: u64) {
-        if request {
-            if let Some(bucket) = &self.request_rate {
-                bucket.refund_at(1, now);
-            }
-        }
-        if tokens != 0 {
-            if let Some(bucket) = &self.token_rate {
-                bucket.refund_at(tokens, now);
-            }
-        }
+        self.rates.refund(request, tokens, now);
     }
 
     /// Checks what never changes by waiting: a valid request, an open admission, and that it can fit at
@@ -629,8 +620,7 @@ impl<C: Clock> Shared<C> {
         if kv > kv_capacity {
             return Err(Rejection::TooLarge { limit: Limit::KvBudget, requested: kv, capacity: kv_capacity });
         }
-        if let Some(bucket) = &self.token_rate {
-            let burst = bucket.burst();
+        if let Some(burst) = self.rates.token_burst() {
             if total > burst {
                 return Err(Rejection::TooLarge { limit: Limit::TokenRate, requested: total, capacity: burst });
             }
@@ -638,46 +628,17 @@ impl<C: Clock> Shared<C> {
         Ok(kv)
     }
 
-    /// Charges one request and `total` tokens to the rate limits, all or nothing. Returns the tokens
+    /// Charges one request and `total` tokens to the global rates, all or nothing. Returns the tokens
     /// charged to the token rate.
     #[inline]
     pub(crate) fn charge_rates(&self, total: u64, now: u64) -> Result<u64, Rejection> {
-        if let Some(requests) = &self.request_rate {
-            if let Err(err) = requests.try_acquire_at(1, now) {
-                let mut wait = err.retry_after().unwrap_or(Duration::ZERO);
-                if let Some(tokens) = &self.token_rate {
-                    wait = wait.max(time_until_available(tokens, total, now));
-                }
-                return Err(Rejection::RateLimited { retry_after: wait.max(Duration::from_nanos(1)) });
+        self.rates.charge(total, now).map_err(|refusal| match refusal {
+            RateRefusal::NotYet(retry_after) => Rejection::RateLimited { retry_after },
+            RateRefusal::NeverFits { requested, burst } => {
+                Rejection::TooLarge { limit: Limit::TokenRate, requested, capacity: burst }
             }
-        }
-        if let Some(tokens) = &self.token_rate {
-            if let Err(err) = tokens.try_acquire_at(total, now) {
-                if let Some(requests) = &self.request_rate {
-                    requests.refund_at(1, now);
-                }
-                return Err(match err {
-                    AcquireError::NotYet { retry_after } => Rejection::RateLimited { retry_after },
-                    AcquireError::NeverFits { requested, burst } => {
-                        Rejection::TooLarge { limit: Limit::TokenRate, requested, capacity: burst }
-                    }
-                });
-            }
-            return Ok(total);
-        }
-        Ok(0)
+        })
     }
-}
-
-/// Time until `bucket` holds `n` tokens, from its current level and rate (an estimate used only to
-/// combine two rate hints).
-fn time_until_available<C: Clock>(bucket: &TokenBucket<C>, n: u64, now: u64) -> Duration {
-    let available = bucket.available_at(now);
-    if available >= n {
-        return Duration::ZERO;
-    }
-    let missing = (n - available) as f64;
-    nanos_to_duration((missing / bucket.rate() * 1e9).ceil().min(u64::MAX as f64) as u64)
 }
 
 impl<C: Clock> Owner for Shared<C> {
@@ -718,9 +679,9 @@ impl<C: Clock> Owner for Shared<C> {
         };
         let (tokens_charged, now) = self.charge_rates_fresh(total)?;
         if let Some(tenant) = &tenant {
-            if let Err(retry_after) = tenant.charge_rates(total, now) {
+            if let Err(rejection) = tenant.charge_rates(total, now) {
                 self.refund_global(true, tokens_charged, now);
-                return Err(Rejection::RateLimited { retry_after });
+                return Err(rejection);
             }
         }
         let tenant: Option<Arc<dyn TenantHandle>> = tenant.map(|t| t as Arc<dyn TenantHandle>);

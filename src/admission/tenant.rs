@@ -16,7 +16,8 @@
 //! An evicted tenant starts again with full buckets, so keep the idle timeout at least as long as its
 //! buckets take to refill (`burst / rate`); the default is 60 s.
 
-use crate::bucket::TokenBucket;
+use super::Rejection;
+use super::rates::{RateRefusal, Rates};
 use crate::clock::Clock;
 use crate::error::ConfigError;
 use crate::sync::{AtomicU64, Ordering};
@@ -196,8 +197,7 @@ pub(crate) struct TenantState<C: Clock> {
     in_flight: AtomicU64,
     kv_used: AtomicU64,
     last_used: AtomicU64,
-    pub(crate) request_rate: Option<TokenBucket<C>>,
-    pub(crate) token_rate: Option<TokenBucket<C>>,
+    rates: Rates<C>,
 }
 
 impl<C: Clock> fmt::Debug for TenantState<C> {
@@ -212,17 +212,6 @@ impl<C: Clock> fmt::Debug for TenantState<C> {
 
 impl<C: Clock> TenantState<C> {
     fn new(key: u64, limits: &TenantLimits, kv_capacity: u64, clock: &C) -> Result<Self, ConfigError> {
-        let bucket = |rate: Option<(f64, u64)>, what: &'static str| {
-            rate.map(|(r, b)| {
-                TokenBucket::with_clock(r, b, clock.clone()).map_err(|e| match e {
-                    ConfigError::InvalidRate { value, min, max, .. } => {
-                        ConfigError::InvalidRate { what, value, min, max }
-                    }
-                    other => other,
-                })
-            })
-            .transpose()
-        };
         let kv_limit = match limits.kv_share {
             Some(share) if kv_capacity != u64::MAX => ((kv_capacity as f64) * share).floor().max(1.0) as u64,
             _ => u64::MAX,
@@ -235,8 +224,12 @@ impl<C: Clock> TenantState<C> {
             in_flight: AtomicU64::new(0),
             kv_used: AtomicU64::new(0),
             last_used: AtomicU64::new(clock.now_nanos()),
-            request_rate: bucket(limits.request_rate.map(|(r, b)| (r, u64::from(b))), "tenant request rate")?,
-            token_rate: bucket(limits.token_rate, "tenant token rate")?,
+            rates: Rates::new(
+                limits.request_rate.map(|(rate, burst)| (rate, u64::from(burst))),
+                limits.token_rate,
+                ("tenant request rate", "tenant token rate"),
+                clock,
+            )?,
         })
     }
 
@@ -245,30 +238,23 @@ impl<C: Clock> TenantState<C> {
         if kv > self.kv_limit {
             return Err((super::Limit::TenantKvShare, kv, self.kv_limit));
         }
-        if let Some(bucket) = &self.token_rate {
-            if tokens > bucket.burst() {
-                return Err((super::Limit::TenantTokenRate, tokens, bucket.burst()));
+        if let Some(burst) = self.rates.token_burst() {
+            if tokens > burst {
+                return Err((super::Limit::TenantTokenRate, tokens, burst));
             }
         }
         Ok(())
     }
 
-    /// Charges the tenant's rates, all or nothing. `Err` carries the time until they would pass.
-    pub(crate) fn charge_rates(&self, tokens: u64, now: u64) -> Result<(), Duration> {
-        if let Some(requests) = &self.request_rate {
-            if let Err(err) = requests.try_acquire_at(1, now) {
-                return Err(err.retry_after().unwrap_or(Duration::from_secs(1)));
+    /// Charges the tenant's rates, all or nothing.
+    pub(crate) fn charge_rates(&self, tokens: u64, now: u64) -> Result<(), Rejection> {
+        match self.rates.charge(tokens, now) {
+            Ok(_) => Ok(()),
+            Err(RateRefusal::NotYet(retry_after)) => Err(Rejection::RateLimited { retry_after }),
+            Err(RateRefusal::NeverFits { requested, burst }) => {
+                Err(Rejection::TooLarge { limit: super::Limit::TenantTokenRate, requested, capacity: burst })
             }
         }
-        if let Some(bucket) = &self.token_rate {
-            if let Err(err) = bucket.try_acquire_at(tokens, now) {
-                if let Some(requests) = &self.request_rate {
-                    requests.refund_at(1, now);
-                }
-                return Err(err.retry_after().unwrap_or(Duration::from_secs(1)));
-            }
-        }
-        Ok(())
     }
 
     fn touch(&self, now: u64) {
@@ -319,16 +305,7 @@ impl<C: Clock> TenantHandle for TenantState<C> {
     }
 
     fn refund_rates(&self, request: bool, tokens: u64, now: u64) {
-        if request {
-            if let Some(bucket) = &self.request_rate {
-                bucket.refund_at(1, now);
-            }
-        }
-        if tokens != 0 {
-            if let Some(bucket) = &self.token_rate {
-                bucket.refund_at(tokens, now);
-            }
-        }
+        self.rates.refund(request, tokens, now);
     }
 
     fn in_flight(&self) -> u64 {
