@@ -12,7 +12,7 @@ use std::time::Duration;
 
 #[path = "../../tests/support/bucket_model.rs"]
 mod bucket_model;
-use bucket_model::{accrue, Expect, Model};
+use bucket_model::{Expect, Model, accrue};
 
 /// A rate in the accepted range, log-uniform from 32 bits, or one of the edge values.
 #[derive(Debug, Arbitrary)]
