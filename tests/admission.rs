@@ -189,14 +189,14 @@ fn resizing_revokes_nothing_and_grows_at_once() {
     let p = a.try_admit(&Request::new(1, 1)).unwrap();
     a.set_max_in_flight(2).unwrap();
     let q = a.try_admit(&Request::new(1, 1)).unwrap();
-    a.set_kv_capacity_tokens(3).unwrap();
+    a.set_kv_capacity(3).unwrap();
     assert!(matches!(
         a.try_admit(&Request::new(1, 0)),
         Err(Rejection::NoCapacity { .. }) | Err(Rejection::TooLarge { .. })
     ));
     assert_eq!(a.snapshot().kv_capacity, 3);
     assert!(a.set_max_in_flight(0).is_err());
-    assert!(a.set_kv_capacity_tokens(0).is_err());
+    assert!(a.set_kv_capacity(0).is_err());
     assert!(matches!(a.set_request_rate(1.0, 1), Err(ConfigError::Conflict(_))));
     drop((p, q));
     assert_eq!(a.snapshot().in_flight, 0);

@@ -159,7 +159,7 @@ proptest! {
                     model.max_in_flight = n;
                 }
                 Op::SetKv(n) => {
-                    admission.set_kv_capacity_tokens(n).unwrap();
+                    admission.set_kv_capacity(n).unwrap();
                     model.kv_capacity = n;
                 }
                 _ => {}

@@ -206,7 +206,7 @@ fn runtime_setters_refuse_bad_values_and_change_nothing() {
         .build()
         .unwrap();
     assert_eq!(a.set_max_in_flight(0).unwrap_err(), ConfigError::Zero { what: "max_in_flight" });
-    assert_eq!(a.set_kv_capacity_tokens(0).unwrap_err(), ConfigError::Zero { what: "KV capacity" });
+    assert_eq!(a.set_kv_capacity(0).unwrap_err(), ConfigError::Zero { what: "KV capacity" });
     for (rate, why) in BAD_RATES {
         assert_invalid_rate(a.set_request_rate(rate, 5).expect_err(why), "request rate", rate);
         assert_invalid_rate(a.set_token_rate(rate, 100).expect_err(why), "token rate", rate);

@@ -213,7 +213,7 @@ fuzz_target!(|input: Input| {
             }
             Op::SetKv(kv) => {
                 let kv = u64::from(kv % 1000);
-                assert_eq!(admission.set_kv_capacity_tokens(kv).is_ok(), kv != 0);
+                assert_eq!(admission.set_kv_capacity(kv).is_ok(), kv != 0);
             }
             Op::SetRequestRate(rate, burst) => {
                 let rate = f64::from(*rate) / 16.0;

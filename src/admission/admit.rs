@@ -120,7 +120,7 @@ impl Admit {
 
     fn reject(&mut self, rejection: Rejection) -> Poll<Result<Permit, Rejection>> {
         self.state = State::Done;
-        self.owner.core().count_rejection(&rejection, self.request.tenant_id().is_some());
+        self.owner.core().count_rejection(&rejection, self.request.tenant.is_some());
         Poll::Ready(Err(rejection))
     }
 }
@@ -156,13 +156,8 @@ fn admit_or_queue(
     let rejection = if ticket.deadline <= ticket.now {
         Rejection::TimedOut
     } else {
-        let waiter = Arc::new(Waiter::new(
-            ticket.kv,
-            request.priority_class().index(),
-            ticket.deadline,
-            ticket.tenant.clone(),
-            notify,
-        ));
+        let waiter =
+            Arc::new(Waiter::new(ticket.kv, request.priority.index(), ticket.deadline, ticket.tenant.clone(), notify));
         if core.enqueue(&waiter) {
             return Ok(Admitted::Queued(waiter, ticket));
         }
@@ -281,7 +276,7 @@ pub(crate) fn admit_blocking(
         Ok(Admitted::Now(permit)) => return Ok(permit),
         Ok(Admitted::Queued(waiter, ticket)) => (waiter, ticket),
         Err(rejection) => {
-            owner.core().count_rejection(&rejection, request.tenant_id().is_some());
+            owner.core().count_rejection(&rejection, request.tenant.is_some());
             return Err(rejection);
         }
     };

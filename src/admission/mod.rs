@@ -157,8 +157,8 @@ impl ReservationState {
         match self.policy {
             Reservation::Full => request.total_tokens(),
             Reservation::Learned { .. } => {
-                let output = (f64::from(request.max_new_tokens()) * self.ratio()).ceil() as u64;
-                u64::from(request.prompt_tokens()) + output.min(u64::from(request.max_new_tokens()))
+                let output = (f64::from(request.max_new_tokens) * self.ratio()).ceil() as u64;
+                u64::from(request.prompt_tokens) + output.min(u64::from(request.max_new_tokens))
             }
         }
     }
@@ -287,7 +287,7 @@ impl<C: Clock> Admission<C> {
     pub fn try_admit(&self, request: &Request) -> Result<Permit, Rejection> {
         let result = self.shared.admit_now(&self.owner(), request);
         if let Err(rejection) = &result {
-            self.shared.core.count_rejection(rejection, request.tenant_id().is_some());
+            self.shared.core.count_rejection(rejection, request.tenant.is_some());
         }
         result
     }
@@ -440,13 +440,30 @@ impl<C: Clock> Admission<C> {
     /// # Errors
     ///
     /// [`ConfigError::Zero`] for 0.
-    pub fn set_kv_capacity_tokens(&self, capacity: u64) -> Result<(), ConfigError> {
+    pub fn set_kv_capacity(&self, capacity: u64) -> Result<(), ConfigError> {
         if capacity == 0 {
             return Err(ConfigError::Zero { what: "KV capacity" });
         }
         self.shared.core.kv().set_limit(capacity);
         self.shared.core.dispatch_if_waiting();
         Ok(())
+    }
+
+    /// The former name of [`set_kv_capacity`](Admission::set_kv_capacity), which takes tokens or bytes.
+    ///
+    /// # Errors
+    ///
+    /// As [`set_kv_capacity`](Admission::set_kv_capacity).
+    #[deprecated(since = "0.2.0", note = "use `set_kv_capacity`: the unit is the admission's KV unit, tokens or bytes")]
+    pub fn set_kv_capacity_tokens(&self, capacity: u64) -> Result<(), ConfigError> {
+        self.set_kv_capacity(capacity)
+    }
+
+    /// The current estimate of how long a request that joined the queue now would wait for capacity:
+    /// the hint [`Rejection::NoCapacity`] and [`Rejection::QueueFull`] carry. HTTP adapters use it as the
+    /// `Retry-After` of a [`Rejection::TimedOut`] answer.
+    pub fn capacity_retry_after(&self) -> Duration {
+        self.shared.core.capacity_hint(self.shared.core.queued())
     }
 
     /// The fraction of `max_new_tokens` a request's KV reservation covers now: 1.0 with
@@ -513,10 +530,10 @@ impl<C: Clock> Shared<C> {
         let total = request.total_tokens();
         let kv = self.validate(request)?;
         let core = &self.core;
-        if let (Some(registry), Some(id)) = (&self.tenants, request.tenant_id()) {
+        if let (Some(registry), Some(id)) = (&self.tenants, request.tenant) {
             return self.admit_tenant(this, request, kv, registry, id);
         }
-        if core.has_waiters_at_or_above(request.priority_class().index()) || !core.try_reserve(kv) {
+        if core.has_waiters_at_or_above(request.priority.index()) || !core.try_reserve(kv) {
             return Err(Rejection::NoCapacity { retry_after: core.capacity_hint(core.queued()) });
         }
         match self.charge_rates_fresh(total) {
@@ -543,7 +560,7 @@ impl<C: Clock> Shared<C> {
         if let Err((limit, requested, capacity)) = tenant.fits_at_all(kv, total) {
             return Err(Rejection::TooLarge { limit, requested, capacity });
         }
-        if core.has_waiters_at_or_above(request.priority_class().index()) || !core.try_reserve(kv) {
+        if core.has_waiters_at_or_above(request.priority.index()) || !core.try_reserve(kv) {
             return Err(Rejection::NoCapacity { retry_after: core.capacity_hint(core.queued()) });
         }
         if !tenant.try_reserve(kv) {
@@ -595,7 +612,7 @@ impl<C: Clock> Shared<C> {
         now: u64,
     ) -> Permit {
         let sequence = self.core.stats.admitted.fetch_add(1, Ordering::Relaxed);
-        crate::telemetry::admitted(request.priority_class());
+        crate::telemetry::admitted(request.priority);
         Permit::new(Arc::clone(this), request, kv, tokens_charged, tenant, now, sequence)
     }
 
@@ -667,7 +684,7 @@ impl<C: Clock> Owner for Shared<C> {
     fn prepare_wait(&self, request: &Request) -> Result<admit::Ticket, Rejection> {
         let kv = self.validate(request)?;
         let total = request.total_tokens();
-        let tenant = match (&self.tenants, request.tenant_id()) {
+        let tenant = match (&self.tenants, request.tenant) {
             (Some(registry), Some(id)) => {
                 let tenant = registry.get(id, self.clock.now_nanos());
                 if let Err((limit, requested, capacity)) = tenant.fits_at_all(kv, total) {
@@ -685,7 +702,7 @@ impl<C: Clock> Owner for Shared<C> {
             }
         }
         let tenant: Option<Arc<dyn TenantHandle>> = tenant.map(|t| t as Arc<dyn TenantHandle>);
-        let wait = match (request.max_wait_limit().map(crate::clock::duration_to_nanos), self.max_queue_wait) {
+        let wait = match (request.max_wait.map(crate::clock::duration_to_nanos), self.max_queue_wait) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };

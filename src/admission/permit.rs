@@ -79,10 +79,10 @@ impl Permit {
         Self {
             owner,
             kv,
-            prompt_tokens: request.prompt_tokens(),
-            max_new_tokens: request.max_new_tokens(),
+            prompt_tokens: request.prompt_tokens,
+            max_new_tokens: request.max_new_tokens,
             tokens_charged,
-            priority: request.priority_class(),
+            priority: request.priority,
             admitted_at,
             sequence,
             tenant,

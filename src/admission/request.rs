@@ -13,7 +13,7 @@ use std::time::Duration;
 ///
 /// let chat = Request::new(512, 256).priority(Priority::Interactive);
 /// let nightly_eval = Request::new(4096, 1024).priority(Priority::Batch);
-/// assert!(chat.priority_class() > nightly_eval.priority_class());
+/// assert!(chat.priority > nightly_eval.priority);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub enum Priority {
@@ -49,27 +49,40 @@ impl Priority {
     }
 }
 
-/// One generation request as admission sees it: how many tokens it brings and may produce.
+/// One generation request as admission sees it: how many tokens it brings and may produce, its priority
+/// class, how long it may wait and which tenant it counts against.
 ///
 /// A request reserves `prompt_tokens + max_new_tokens` of the KV budget and of the token rate. Building a
-/// request is free (no allocation); it is `Copy`.
+/// request is free (no allocation); it is `Copy`. Its settings are public fields, read as
+/// `request.priority`; the builder methods of the same names set them (`request.priority(...)`).
 ///
 /// # Examples
 ///
 /// ```
-/// use kvgate::Request;
+/// use kvgate::{Priority, Request, TenantId};
 /// use std::time::Duration;
 ///
-/// let req = Request::new(1200, 800).max_wait(Duration::from_secs(2));
+/// let req = Request::new(1200, 800).max_wait(Duration::from_secs(2)).tenant("alice").priority(Priority::Batch);
 /// assert_eq!(req.total_tokens(), 2000);
+/// assert_eq!((req.prompt_tokens, req.max_new_tokens), (1200, 800));
+/// assert_eq!(req.max_wait, Some(Duration::from_secs(2)));
+/// assert_eq!(req.tenant, Some(TenantId::from("alice")));
+/// assert_eq!(req.priority, Priority::Batch);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub struct Request {
-    prompt_tokens: u32,
-    max_new_tokens: u32,
-    priority: Priority,
-    max_wait: Option<Duration>,
-    tenant: Option<TenantId>,
+    /// Input tokens.
+    pub prompt_tokens: u32,
+    /// Upper bound on generated tokens.
+    pub max_new_tokens: u32,
+    /// Priority class (default [`Priority::Normal`]).
+    pub priority: Priority,
+    /// The request's own wait limit; the effective limit is the shorter of this and the admission's
+    /// [`max_queue_wait`](crate::AdmissionBuilder::max_queue_wait).
+    pub max_wait: Option<Duration>,
+    /// The tenant (user, team or API key) the request counts against, if any.
+    pub tenant: Option<TenantId>,
 }
 
 impl Request {
@@ -99,7 +112,7 @@ impl Request {
 
     /// Names the tenant (user, team or API key) the request counts against: its per-tenant limits
     /// apply, and when requests wait, capacity is shared fairly between tenants. Without a tenant, a
-    /// request only meets the global limits (and waits in one shared default tenant).
+    /// request only meets the global limits (and waits in one shared flow of its own).
     ///
     /// # Examples
     ///
@@ -107,7 +120,7 @@ impl Request {
     /// use kvgate::{Request, TenantId};
     ///
     /// let req = Request::new(100, 100).tenant("alice@example.com");
-    /// assert_eq!(req.tenant_id(), Some(TenantId::from("alice@example.com")));
+    /// assert_eq!(req.tenant, Some(TenantId::from("alice@example.com")));
     /// ```
     #[inline]
     #[must_use]
@@ -116,39 +129,9 @@ impl Request {
         self
     }
 
-    /// The request's tenant, if it named one.
-    #[inline]
-    pub const fn tenant_id(&self) -> Option<TenantId> {
-        self.tenant
-    }
-
-    /// Input tokens.
-    #[inline]
-    pub const fn prompt_tokens(&self) -> u32 {
-        self.prompt_tokens
-    }
-
-    /// Upper bound on generated tokens.
-    #[inline]
-    pub const fn max_new_tokens(&self) -> u32 {
-        self.max_new_tokens
-    }
-
     /// `prompt_tokens + max_new_tokens`, computed without overflow.
     #[inline]
     pub const fn total_tokens(&self) -> u64 {
         self.prompt_tokens as u64 + self.max_new_tokens as u64
-    }
-
-    /// The request's priority class.
-    #[inline]
-    pub const fn priority_class(&self) -> Priority {
-        self.priority
-    }
-
-    /// The request's own wait limit, if it set one.
-    #[inline]
-    pub const fn max_wait_limit(&self) -> Option<Duration> {
-        self.max_wait
     }
 }
