@@ -492,6 +492,47 @@ impl<C: Clock> TokenBucket<C> {
         level.saturating_sub(start)
     }
 
+    /// How long until `n` tokens could be taken at `now_nanos` (zero if they could be taken now), without
+    /// taking anything. Exact, like the `retry_after` of a refusal.
+    ///
+    /// # Errors
+    ///
+    /// [`AcquireError::NeverFits`] when `n` exceeds the burst.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use kvgate::bucket::TokenBucket;
+    /// use kvgate::clock::ManualClock;
+    /// use std::time::Duration;
+    ///
+    /// let bucket = TokenBucket::with_clock(2.0, 10, ManualClock::new())?;
+    /// bucket.try_acquire_at(10, 0).unwrap();
+    /// assert_eq!(bucket.time_until_available_at(3, 0).unwrap(), Duration::from_millis(1500));
+    /// assert_eq!(bucket.time_until_available_at(3, 1_500_000_000).unwrap(), Duration::ZERO);
+    /// assert!(bucket.time_until_available_at(11, 0).is_err());
+    /// # Ok::<(), kvgate::ConfigError>(())
+    /// ```
+    pub fn time_until_available_at(&self, n: u64, now_nanos: u64) -> Result<Duration, AcquireError> {
+        let config = self.config.read();
+        if n > config.burst {
+            return Err(AcquireError::NeverFits { requested: n, burst: config.burst });
+        }
+        if n == 0 {
+            return Ok(Duration::ZERO);
+        }
+        let level = config.level_at(now_nanos);
+        let tat = self.tat.load(Ordering::Relaxed);
+        let start = tat.max(config.clamp(level));
+        if start <= level && level - start >= n {
+            return Ok(Duration::ZERO);
+        }
+        match self.not_yet(&config, tat, n, now_nanos) {
+            AcquireError::NotYet { retry_after } => Ok(retry_after),
+            never => Err(never),
+        }
+    }
+
     /// Gives back `n` tokens now (for example, work that was reserved but not done).
     ///
     /// The bucket never holds more than `burst` tokens: the excess of a refund is dropped.

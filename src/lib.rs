@@ -22,6 +22,7 @@ pub use error::ConfigError;
 
 pub use admission::{
     Admission, AdmissionBuilder, Admit, DEFAULT_MAX_TENANTS, DEFAULT_QUEUE_CAPACITY, DEFAULT_TENANT_IDLE_TIMEOUT,
-    Limit, Permit, Priority, Rejection, RejectionCounts, Request, Reservation, Snapshot, TenantId, TenantLimits,
+    Limit, Permit, Priority, RateLimitStatus, RateStatus, Rejection, RejectionCounts, Request, Reservation, Snapshot,
+    TenantId, TenantLimits,
 };
 pub use queue::BoundedQueue;

@@ -39,6 +39,7 @@ mod waiter;
 pub use admit::Admit;
 pub use builder::{AdmissionBuilder, DEFAULT_QUEUE_CAPACITY};
 pub use permit::Permit;
+pub use rates::{RateLimitStatus, RateStatus};
 pub use rejection::{Limit, Rejection};
 pub use request::{Priority, Request};
 pub use snapshot::{RejectionCounts, Snapshot};
@@ -464,6 +465,35 @@ impl<C: Clock> Admission<C> {
     /// `Retry-After` of a [`Rejection::TimedOut`] answer.
     pub fn capacity_retry_after(&self) -> Duration {
         self.shared.core.capacity_hint(self.shared.core.queued())
+    }
+
+    /// The rate limits a request of `tenant` (or without a tenant) meets now: for the request rate and the
+    /// token rate, the more constraining of the global bucket and the tenant's own. For OpenAI's
+    /// `x-ratelimit-*` response headers. Does not create state for an unknown tenant (its limits are then
+    /// the defaults, full).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use kvgate::{Admission, Request};
+    ///
+    /// let admission = Admission::builder().request_rate(10.0, 20).build()?;
+    /// admission.try_admit(&Request::new(10, 10)).unwrap();
+    /// let status = admission.rate_status(None).requests.unwrap();
+    /// assert_eq!((status.limit, status.remaining), (20, 19));
+    /// assert!(admission.rate_status(None).tokens.is_none());
+    /// # Ok::<(), kvgate::ConfigError>(())
+    /// ```
+    pub fn rate_status(&self, tenant: Option<TenantId>) -> RateLimitStatus {
+        let now = self.shared.clock.now_nanos();
+        let global = self.shared.rates.status(now);
+        match (&self.shared.tenants, tenant) {
+            (Some(registry), Some(id)) => match registry.peek(id) {
+                Some(state) => global.tighter(state.rate_status(now)),
+                None => global.tighter(registry.untracked_rate_status(id)),
+            },
+            _ => global,
+        }
     }
 
     /// The fraction of `max_new_tokens` a request's KV reservation covers now: 1.0 with

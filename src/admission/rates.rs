@@ -89,6 +89,62 @@ impl<C: Clock> Rates<C> {
     }
 }
 
+/// One rate limit's state, as OpenAI's `x-ratelimit-limit-*`, `x-ratelimit-remaining-*` and
+/// `x-ratelimit-reset-*` response headers report it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct RateStatus {
+    /// The most the bucket holds (its burst).
+    pub limit: u64,
+    /// What could be taken now.
+    pub remaining: u64,
+    /// Time until the bucket is full again, if nothing more is taken.
+    pub reset: Duration,
+}
+
+/// The request-rate and token-rate limits that apply to a request, each the more constraining of the
+/// global bucket and the tenant's own (`None` where no such rate is configured). See
+/// [`Admission::rate_status`](crate::Admission::rate_status).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
+pub struct RateLimitStatus {
+    /// Requests per second.
+    pub requests: Option<RateStatus>,
+    /// LLM tokens per second.
+    pub tokens: Option<RateStatus>,
+}
+
+impl<C: Clock> Rates<C> {
+    /// The state of both buckets at `now`.
+    pub(crate) fn status(&self, now: u64) -> RateLimitStatus {
+        RateLimitStatus {
+            requests: self.requests.as_ref().map(|b| status(b, now)),
+            tokens: self.tokens.as_ref().map(|b| status(b, now)),
+        }
+    }
+}
+
+impl RateLimitStatus {
+    /// Combines two views, keeping for each rate the one with less remaining.
+    pub(crate) fn tighter(self, other: RateLimitStatus) -> RateLimitStatus {
+        let pick = |a: Option<RateStatus>, b: Option<RateStatus>| match (a, b) {
+            (Some(a), Some(b)) => Some(if b.remaining < a.remaining { b } else { a }),
+            (a, b) => a.or(b),
+        };
+        RateLimitStatus { requests: pick(self.requests, other.requests), tokens: pick(self.tokens, other.tokens) }
+    }
+}
+
+fn status<C: Clock>(bucket: &TokenBucket<C>, now: u64) -> RateStatus {
+    let limit = bucket.burst();
+    RateStatus {
+        limit,
+        remaining: bucket.available_at(now),
+        reset: bucket.time_until_available_at(limit, now).unwrap_or(Duration::ZERO),
+    }
+}
+
 /// Names the setting in a bucket's rate error.
 pub(crate) fn rename_rate(error: ConfigError, what: &'static str) -> ConfigError {
     match error {

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 /// Rejections since the admission was built, by reason.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
 pub struct RejectionCounts {
     /// [`Rejection::NoCapacity`](crate::Rejection::NoCapacity).
@@ -65,6 +66,7 @@ impl RejectionCounts {
 /// assert_eq!(s.admitted, 1);
 /// ```
 #[derive(Debug, Clone, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
 pub struct Snapshot {
     /// Permits alive now (running sequences).

@@ -257,6 +257,11 @@ impl<C: Clock> TenantState<C> {
         }
     }
 
+    /// The tenant's own rate buckets at `now`.
+    pub(crate) fn rate_status(&self, now: u64) -> super::RateLimitStatus {
+        self.rates.status(now)
+    }
+
     fn touch(&self, now: u64) {
         if self.last_used.load(Ordering::Relaxed) < now {
             self.last_used.store(now, Ordering::Relaxed);
@@ -409,6 +414,22 @@ impl<C: Clock> TenantRegistry<C> {
                 state
             }
             Err(_) => Arc::clone(&self.overflow),
+        }
+    }
+
+    /// The state of `id`, if it is tracked, without creating it.
+    pub(crate) fn peek(&self, id: TenantId) -> Option<Arc<TenantState<C>>> {
+        let index = (id.get() ^ (id.get() >> 32)) as usize % SHARDS;
+        self.shards[index].read().get(&id).cloned()
+    }
+
+    /// What an untracked tenant's rate limits look like: its configured limits, full.
+    pub(crate) fn untracked_rate_status(&self, id: TenantId) -> super::RateLimitStatus {
+        let limits = self.config.overrides.get(&id).unwrap_or(&self.config.defaults);
+        let full = |limit: u64| super::RateStatus { limit, remaining: limit, reset: Duration::ZERO };
+        super::RateLimitStatus {
+            requests: limits.request_rate.map(|(_, burst)| full(u64::from(burst))),
+            tokens: limits.token_rate.map(|(_, burst)| full(burst)),
         }
     }
 
