@@ -166,12 +166,6 @@ impl Clock for ManualClock {
     }
 }
 
-/// Converts a nanosecond count to a `Duration`.
-#[inline]
-pub(crate) fn nanos_to_duration(nanos: u64) -> Duration {
-    Duration::from_nanos(nanos)
-}
-
 /// Converts a `Duration` to nanoseconds, saturating at `u64::MAX`.
 #[inline]
 pub(crate) fn duration_to_nanos(duration: Duration) -> u64 {

@@ -21,7 +21,8 @@ pub mod tower;
 pub use error::ConfigError;
 
 pub use admission::{
-    Admission, AdmissionBuilder, Admit, DEFAULT_MAX_TENANTS, DEFAULT_QUEUE_CAPACITY, DEFAULT_TENANT_IDLE_TIMEOUT,
+    Admission, AdmissionBuilder, Admit, DEFAULT_EXPECTED_HOLD_TIME, DEFAULT_MAX_TENANTS, DEFAULT_QUEUE_CAPACITY,
+    DEFAULT_TENANT_IDLE_TIMEOUT,
     Limit, Permit, Priority, RateLimitStatus, RateStatus, Rejection, RejectionCounts, Request, Reservation, Snapshot,
     TenantId, TenantLimits,
 };

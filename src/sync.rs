@@ -1,7 +1,7 @@
 //! The one place where kvgate chooses between `std` and [loom] synchronisation primitives.
 //!
-//! Every concurrent module imports its atomics, cells, mutexes and spin hints from here, never from `std`
-//! directly. Under `RUSTFLAGS="--cfg loom"` the same code is compiled against loom's instrumented types so
+//! Every concurrent module imports its atomics, cells, mutexes, read-write locks, condition variables and
+//! spin hints from here, never from `std` or `parking_lot` directly. Under `RUSTFLAGS="--cfg loom"` the same code is compiled against loom's instrumented types so
 //! the loom models in `tests/loom_*.rs` explore every interleaving of the real implementation.
 //!
 //! `Arc` stays `std`'s everywhere: reference counts are not what the models check, and loom's `Arc`
@@ -17,8 +17,8 @@ pub(crate) use loom::{
     cell::UnsafeCell,
     hint::spin_loop,
     sync::{
-        Mutex, MutexGuard,
-        atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering, fence},
+        Mutex, MutexGuard, RwLock,
+        atomic::{AtomicU64, AtomicUsize, Ordering, fence},
     },
     thread::yield_now,
 };
@@ -26,12 +26,12 @@ pub(crate) use loom::{
 #[cfg(not(loom))]
 pub(crate) use std::{
     hint::spin_loop,
-    sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering, fence},
+    sync::atomic::{AtomicU64, AtomicUsize, Ordering, fence},
     thread::yield_now,
 };
 
 #[cfg(not(loom))]
-pub(crate) use parking_lot::{Mutex, MutexGuard};
+pub(crate) use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
 
 /// Locks a mutex the same way under loom and `std` (loom's `lock()` returns a `LockResult`).
 #[cfg(loom)]
@@ -44,6 +44,32 @@ pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 #[inline]
 pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock()
+}
+
+/// Takes a read lock the same way under loom and `std`.
+#[cfg(loom)]
+pub(crate) fn read<T>(lock: &RwLock<T>) -> loom::sync::RwLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Takes a write lock the same way under loom and `std`.
+#[cfg(loom)]
+pub(crate) fn write<T>(lock: &RwLock<T>) -> loom::sync::RwLockWriteGuard<'_, T> {
+    lock.write().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Takes a read lock the same way under loom and `std`.
+#[cfg(not(loom))]
+#[inline]
+pub(crate) fn read<T>(lock: &RwLock<T>) -> parking_lot::RwLockReadGuard<'_, T> {
+    lock.read()
+}
+
+/// Takes a write lock the same way under loom and `std`.
+#[cfg(not(loom))]
+#[inline]
+pub(crate) fn write<T>(lock: &RwLock<T>) -> parking_lot::RwLockWriteGuard<'_, T> {
+    lock.write()
 }
 
 /// `std::cell::UnsafeCell` with loom's closure-based access API, so that code written once runs under both.

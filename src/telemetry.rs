@@ -16,7 +16,7 @@
 //! | `kvgate_num_requests_waiting` | gauge | — | requests queued (like vLLM's `num_requests_waiting`) |
 //! | `kvgate_kv_cache_usage_perc` | gauge | — | KV budget in use, 0–1 (like vLLM's `kv_cache_usage_perc`) |
 //! | `kvgate_kv_cache_used`, `kvgate_kv_cache_capacity` | gauge | `unit` (`tokens`/`bytes`) | KV units held / budget |
-//! | `kvgate_tenant_requests_running` | gauge | `tenant` | in flight per tenant, for the busiest 10 |
+//! | `kvgate_tenant_requests_running` | gauge | `tenant` | in flight per tenant, for the busiest 10 (the name it was configured with, else `tenant-` and its id in hex) |
 //! | `kvgate_tenants_tracked` | gauge | — | tenants with state |
 //!
 //! Counters and histograms are recorded as events happen; gauges are set by
@@ -47,33 +47,29 @@ pub(crate) fn admitted(priority: crate::Priority) {
     let _ = priority;
 }
 
-/// Increments the rejection counter for one literal reason, with or without a tenant.
-#[cfg(feature = "metrics")]
-macro_rules! count_rejection {
-    ($reason:literal, $has_tenant:expr) => {
-        if $has_tenant {
-            metrics::counter!("kvgate_requests_rejected_total", "reason" => $reason, "tenant_class" => "tenant")
-                .increment(1)
-        } else {
-            metrics::counter!("kvgate_requests_rejected_total", "reason" => $reason, "tenant_class" => "none")
-                .increment(1)
-        }
-    };
-}
-
 /// Records a rejection.
 #[inline]
 pub(crate) fn rejected(rejection: &Rejection, has_tenant: bool) {
+    // One arm per reason, generated from the one list (`with_rejection_reasons!`), with literal labels.
     #[cfg(feature = "metrics")]
-    match rejection {
-        Rejection::NoCapacity { .. } => count_rejection!("no_capacity", has_tenant),
-        Rejection::RateLimited { .. } => count_rejection!("rate_limited", has_tenant),
-        Rejection::TooLarge { .. } => count_rejection!("too_large", has_tenant),
-        Rejection::QueueFull { .. } => count_rejection!("queue_full", has_tenant),
-        Rejection::TimedOut => count_rejection!("timed_out", has_tenant),
-        Rejection::Closed => count_rejection!("closed", has_tenant),
-        Rejection::Invalid { .. } => count_rejection!("invalid", has_tenant),
+    macro_rules! count_rejection {
+        ($($variant:ident, $field:ident, $label:literal;)*) => {
+            match (rejection, has_tenant) {
+                $(
+                    (Rejection::$variant { .. }, true) => metrics::counter!(
+                        "kvgate_requests_rejected_total", "reason" => $label, "tenant_class" => "tenant"
+                    )
+                    .increment(1),
+                    (Rejection::$variant { .. }, false) => metrics::counter!(
+                        "kvgate_requests_rejected_total", "reason" => $label, "tenant_class" => "none"
+                    )
+                    .increment(1),
+                )*
+            }
+        };
     }
+    #[cfg(feature = "metrics")]
+    crate::admission::with_rejection_reasons!(count_rejection);
     #[cfg(feature = "tracing")]
     tracing::debug!(target: "kvgate", reason = rejection.reason(), retry_after = ?rejection.retry_after(), has_tenant, "rejected");
     let _ = (rejection, has_tenant);
@@ -104,7 +100,7 @@ pub(crate) fn publish(
     snapshot: &crate::Snapshot,
     kv_unit: &'static str,
     tenants_tracked: usize,
-    busiest: &[(crate::TenantId, u64)],
+    busiest: &[(String, u64)],
 ) {
     metrics::gauge!("kvgate_num_requests_running").set(snapshot.in_flight as f64);
     metrics::gauge!("kvgate_num_requests_waiting").set(snapshot.queued as f64);
@@ -115,6 +111,6 @@ pub(crate) fn publish(
     }
     metrics::gauge!("kvgate_tenants_tracked").set(tenants_tracked as f64);
     for (tenant, running) in busiest {
-        metrics::gauge!("kvgate_tenant_requests_running", "tenant" => tenant.get().to_string()).set(*running as f64);
+        metrics::gauge!("kvgate_tenant_requests_running", "tenant" => tenant.clone()).set(*running as f64);
     }
 }

@@ -1,40 +1,26 @@
 //! Waiting for admission: the [`Admit`] future and the blocking variant, on any runtime.
 //!
-//! A request that cannot be admitted at once takes a place in its priority class's bounded queue as a
-//! [`Waiter`]. Released capacity is handed to waiters by the dispatcher in `core`, which reserves the
-//! capacity *for* the head waiter, flips it to `GRANTED` and wakes exactly that one task or thread (O(1)
-//! wake-ups per grant: no thundering herd). The waiter then only has to pick its permit up.
+//! A request that cannot be admitted at once takes a place in the waiting room (`dispatcher`). Released
+//! capacity is handed to waiters there, under the room's lock: the dispatcher reserves the capacity *for*
+//! the head waiter, marks it granted and, after releasing the lock, wakes exactly that task or thread
+//! (O(1) wake-ups per grant: no thundering herd). The waiter then only has to pick its permit up.
 
-use super::permit::{Owner, Permit};
-use super::tenant::TenantHandle;
-use super::waiter::{CANCELLED, CLOSED, GRANTED, Notify, TIMED_OUT, WAITING, Waiter};
-use super::{Rejection, Request};
-use futures::task::AtomicWaker;
+use super::dispatcher::{Notify, Outcome};
+use super::owner::{Attempt, Owner, Ticket, WaitSpec};
+use super::permit::Permit;
+use super::rejection::Rejection;
+use super::request::Request;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-/// What a request that is about to wait has already been given: its KV units, the tokens charged to the
-/// token rate (one request was charged to the request rate too), and its deadline.
-#[derive(Debug, Clone)]
-pub(crate) struct Ticket {
-    pub(crate) kv: u64,
-    pub(crate) tokens_charged: u64,
-    /// The tenant whose rates were charged too, and whose limits the grant respects.
-    pub(crate) tenant: Option<Arc<dyn TenantHandle>>,
-    /// Clock reading at which the wait ends (`u64::MAX`: never).
-    pub(crate) deadline: u64,
-    /// Clock reading when the ticket was issued.
-    pub(crate) now: u64,
-}
-
 enum State {
     /// Not polled yet.
     Start,
     /// Queued; the ticket's rate charges are held until the wait ends.
-    Waiting { waiter: Arc<Waiter>, ticket: Ticket },
+    Waiting(Ticket),
     /// Resolved; nothing held.
     Done,
 }
@@ -51,13 +37,13 @@ enum State {
 /// Dropping an `Admit` at any point loses nothing and takes nothing:
 /// - before its first poll: nothing was taken;
 /// - while queued: its place is given up at once (the waiting count drops, the next waiter moves up),
-///   and its rate-limit charges are refunded;
+///   and its rate-limit charges — global and its tenant's, exactly what was charged — are refunded;
 /// - after capacity was granted to it but before it was polled again: the granted slot and KV
-///   reservation are released and handed to the next waiter, and the rate charges are refunded.
+///   reservation (global and its tenant's) are released and handed to the next waiter, and the rate
+///   charges are refunded.
 ///
-/// A cancelled waiter no longer counts against `queue_capacity`; its entry in the queue's ring is
-/// discarded when it reaches the head, or sooner when the ring fills up (the dispatcher then moves the
-/// live waiters out of the ring in order and drops the cancelled ones).
+/// A waiter that leaves no longer counts against `queue_capacity` from that moment: `QueueFull` happens
+/// only when its class really holds `queue_capacity` waiters.
 ///
 /// # Panics
 ///
@@ -98,124 +84,49 @@ impl Admit {
 
     /// Whether the request is queued (polled at least once and not yet resolved).
     pub fn is_queued(&self) -> bool {
-        matches!(self.state, State::Waiting { .. })
+        matches!(self.state, State::Waiting(_))
     }
 
-    /// First poll: admit at once, or reject, or take a place in the queue.
-    fn start(&mut self, cx: &mut Context<'_>) -> Poll<Result<Permit, Rejection>> {
-        let slot = AtomicWaker::new();
-        slot.register(cx.waker());
-        match admit_or_queue(&self.owner, &self.request, None, Notify::Task(slot)) {
-            Ok(Admitted::Now(permit)) => Poll::Ready(Ok(permit)),
-            Ok(Admitted::Queued(waiter, ticket)) => {
-                if ticket.deadline != u64::MAX {
-                    self.owner.core().watch_deadline(&self.owner, &waiter);
-                }
-                self.state = State::Waiting { waiter, ticket };
-                Poll::Pending
-            }
-            Err(rejection) => self.reject(rejection),
-        }
-    }
-
-    fn reject(&mut self, rejection: Rejection) -> Poll<Result<Permit, Rejection>> {
+    fn resolve(&mut self, result: Result<Permit, Rejection>) -> Poll<Result<Permit, Rejection>> {
         self.state = State::Done;
-        self.owner.core().count_rejection(&rejection, self.request.tenant.is_some());
-        Poll::Ready(Err(rejection))
-    }
-}
-
-/// The outcome of a request's first attempt.
-enum Admitted {
-    /// Capacity was free: here is the permit.
-    Now(Permit),
-    /// Queued: the waiter, and what was charged for it.
-    Queued(Arc<Waiter>, Ticket),
-}
-
-/// Admits `request` at once, or queues it with `notify` as its wake-up, or says why neither is possible.
-/// A rejection has already given back everything (it is not counted yet); a queued request holds its
-/// rate charges, recorded in the ticket. `timeout` further limits the wait.
-fn admit_or_queue(
-    owner: &Arc<dyn Owner>,
-    request: &Request,
-    timeout: Option<std::time::Duration>,
-    notify: Notify,
-) -> Result<Admitted, Rejection> {
-    let core = owner.core();
-    match owner.admit_now(owner, request) {
-        Ok(permit) => return Ok(Admitted::Now(permit)),
-        Err(Rejection::NoCapacity { .. }) if core.queue_capacity() > 0 => {}
-        Err(rejection) => return Err(rejection),
-    }
-    let mut ticket = owner.prepare_wait(request)?;
-    if let Some(timeout) = timeout {
-        let limit = ticket.now.saturating_add(crate::clock::duration_to_nanos(timeout));
-        ticket.deadline = ticket.deadline.min(limit);
-    }
-    let rejection = if ticket.deadline <= ticket.now {
-        Rejection::TimedOut
-    } else {
-        let waiter =
-            Arc::new(Waiter::new(ticket.kv, request.priority.index(), ticket.deadline, ticket.tenant.clone(), notify));
-        if core.enqueue(&waiter) {
-            return Ok(Admitted::Queued(waiter, ticket));
+        if let Err(rejection) = &result {
+            self.owner.core().count_rejection(rejection, self.request.tenant.is_some());
         }
-        if core.is_closed() {
-            Rejection::Closed
-        } else {
-            Rejection::QueueFull { retry_after: core.capacity_hint(core.queued()) }
-        }
-    };
-    owner.refund_rates(true, ticket.tokens_charged, ticket.tenant.as_deref());
-    Err(rejection)
+        Poll::Ready(result)
+    }
 }
 
-/// Resolves a waiter whose state has left `WAITING`, or `None` while it still waits (after ending it if
-/// its deadline has passed at `now`).
-fn resolve(
-    owner: &Arc<dyn Owner>,
-    request: &Request,
-    waiter: &Waiter,
-    ticket: &Ticket,
-    now: u64,
-) -> Option<Result<Permit, Rejection>> {
-    loop {
-        let rejection = match waiter.state() {
-            GRANTED => {
-                crate::telemetry::queue_wait(now.saturating_sub(ticket.now));
-                return Some(Ok(owner.permit_for(owner, request, ticket)));
-            }
-            WAITING => {
-                if now >= waiter.deadline && owner.core().abandon(waiter, TIMED_OUT) {
-                    Rejection::TimedOut
-                } else if waiter.state() == WAITING {
-                    return None;
-                } else {
-                    continue;
-                }
-            }
-            TIMED_OUT => Rejection::TimedOut,
-            CLOSED => Rejection::Closed,
-            _ => Rejection::Closed,
-        };
-        owner.refund_rates(true, ticket.tokens_charged, ticket.tenant.as_deref());
-        owner.core().count_rejection(&rejection, ticket.tenant.is_some());
-        return Some(Err(rejection));
+/// Starts a wait: admit at once, queue, or refuse. Registers the deadline with the timer thread.
+fn start(owner: &Arc<dyn Owner>, request: &Request, wait: WaitSpec) -> Attempt {
+    let attempt = owner.attempt(owner, request, Some(wait));
+    if let Attempt::Queued(ticket) = &attempt {
+        if ticket.deadline != u64::MAX {
+            owner.core().timer.deadline_added(owner, ticket.earliest_deadline);
+        }
+    }
+    attempt
+}
+
+/// Turns a resolved wait into its result; a rejection gives back the ticket's rate charges.
+fn finish(owner: &Arc<dyn Owner>, request: &Request, ticket: Ticket, outcome: Outcome) -> Result<Permit, Rejection> {
+    match outcome {
+        Outcome::Granted => {
+            let now = owner.now_nanos();
+            crate::telemetry::queue_wait(now.saturating_sub(ticket.queued_at));
+            Ok(Permit::granted(Arc::clone(owner), request, ticket.kv, ticket.charges, ticket.tenant, now))
+        }
+        Outcome::Ended(rejection) => {
+            owner.refund(ticket.charges, ticket.tenant.as_deref());
+            Err(rejection)
+        }
     }
 }
 
 /// Gives back whatever a waiter holds when its owner stops waiting for it.
-fn abandon_wait(owner: &dyn Owner, waiter: &Waiter, ticket: &Ticket) {
+fn abandon(owner: &dyn Owner, ticket: &Ticket) {
     let core = owner.core();
-    if !core.abandon(waiter, CANCELLED) && waiter.state() == GRANTED {
-        // Granted but never picked up: the reservation goes to the next waiter.
-        if let Some(tenant) = &ticket.tenant {
-            tenant.release(ticket.kv);
-        }
-        core.release(ticket.kv);
-    }
-    owner.refund_rates(true, ticket.tokens_charged, ticket.tenant.as_deref());
+    core.dispatcher.cancel(core.resources(), ticket.key, ticket.tenant.as_ref());
+    owner.refund(ticket.charges, ticket.tenant.as_deref());
 }
 
 impl Future for Admit {
@@ -224,23 +135,31 @@ impl Future for Admit {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
         match &this.state {
-            State::Start => this.start(cx),
-            State::Done => panic!("`Admit` polled after it completed"),
-            State::Waiting { waiter, ticket } => {
-                let now = this.owner.now_nanos();
-                if let Some(result) = resolve(&this.owner, &this.request, waiter, ticket, now) {
-                    this.state = State::Done;
-                    return Poll::Ready(result);
-                }
-                waiter.register(cx.waker());
-                // A grant between the check and the registration must not be missed.
-                if waiter.state() != WAITING {
-                    if let Some(result) = resolve(&this.owner, &this.request, waiter, ticket, now) {
-                        this.state = State::Done;
-                        return Poll::Ready(result);
+            State::Start => {
+                let wait = WaitSpec { notify: Notify::Task(Some(cx.waker().clone())), timeout: None };
+                match start(&this.owner, &this.request, wait) {
+                    Attempt::Granted(permit) => this.resolve(Ok(permit)),
+                    Attempt::Refused(rejection) => this.resolve(Err(rejection)),
+                    Attempt::Queued(ticket) => {
+                        this.state = State::Waiting(ticket);
+                        Poll::Pending
                     }
                 }
-                Poll::Pending
+            }
+            State::Done => panic!("`Admit` polled after it completed"),
+            State::Waiting(ticket) => {
+                let core = this.owner.core();
+                let now = this.owner.now_nanos();
+                match core.dispatcher.poll(core.resources(), ticket.key, now, Some(cx.waker())) {
+                    None => Poll::Pending,
+                    Some(outcome) => {
+                        let State::Waiting(ticket) = std::mem::replace(&mut this.state, State::Done) else {
+                            unreachable!("matched above")
+                        };
+                        let result = finish(&this.owner, &this.request, ticket, outcome);
+                        this.resolve(result)
+                    }
+                }
             }
         }
     }
@@ -248,8 +167,8 @@ impl Future for Admit {
 
 impl Drop for Admit {
     fn drop(&mut self) {
-        if let State::Waiting { waiter, ticket } = &self.state {
-            abandon_wait(&*self.owner, waiter, ticket);
+        if let State::Waiting(ticket) = &self.state {
+            abandon(&*self.owner, ticket);
         }
     }
 }
@@ -258,7 +177,7 @@ impl fmt::Debug for Admit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.state {
             State::Start => "start",
-            State::Waiting { .. } => "waiting",
+            State::Waiting(_) => "waiting",
             State::Done => "done",
         };
         f.debug_struct("Admit").field("request", &self.request).field("state", &state).finish()
@@ -272,39 +191,44 @@ pub(crate) fn admit_blocking(
     request: Request,
     timeout: Option<std::time::Duration>,
 ) -> Result<Permit, Rejection> {
-    let (waiter, ticket) = match admit_or_queue(&owner, &request, timeout, Notify::Thread(std::thread::current())) {
-        Ok(Admitted::Now(permit)) => return Ok(permit),
-        Ok(Admitted::Queued(waiter, ticket)) => (waiter, ticket),
-        Err(rejection) => {
+    let wait = WaitSpec { notify: Notify::Thread(std::thread::current()), timeout };
+    let ticket = match start(&owner, &request, wait) {
+        Attempt::Granted(permit) => return Ok(permit),
+        Attempt::Queued(ticket) => ticket,
+        Attempt::Refused(rejection) => {
             owner.core().count_rejection(&rejection, request.tenant.is_some());
             return Err(rejection);
         }
     };
-    // Give the waiter back if this thread unwinds while parked (a panicking waker, say).
+    // Gives the place back if this thread unwinds while parked.
     struct Guard<'a> {
         owner: &'a dyn Owner,
-        waiter: &'a Waiter,
-        ticket: &'a Ticket,
-        armed: bool,
+        ticket: Option<Ticket>,
     }
     impl Drop for Guard<'_> {
         fn drop(&mut self) {
-            if self.armed {
-                abandon_wait(self.owner, self.waiter, self.ticket);
+            if let Some(ticket) = &self.ticket {
+                abandon(self.owner, ticket);
             }
         }
     }
-    let mut guard = Guard { owner: &*owner, waiter: &waiter, ticket: &ticket, armed: true };
+    let mut guard = Guard { owner: &*owner, ticket: Some(ticket) };
     loop {
+        let core = owner.core();
         let now = owner.now_nanos();
-        if let Some(result) = resolve(&owner, &request, &waiter, &ticket, now) {
-            guard.armed = false;
+        let (key, deadline) = guard.ticket.as_ref().map(|t| (t.key, t.deadline)).expect("held until resolved");
+        if let Some(outcome) = core.dispatcher.poll(core.resources(), key, now, None) {
+            let ticket = guard.ticket.take().expect("held until resolved");
+            let result = finish(&owner, &request, ticket, outcome);
+            if let Err(rejection) = &result {
+                core.count_rejection(rejection, request.tenant.is_some());
+            }
             return result;
         }
-        if waiter.deadline == u64::MAX {
+        if deadline == u64::MAX {
             std::thread::park();
         } else {
-            std::thread::park_timeout(owner.real_time_until(waiter.deadline));
+            std::thread::park_timeout(owner.real_time_until(deadline));
         }
     }
 }

@@ -1,20 +1,28 @@
 //! Configuring an [`Admission`]: every limit optional, every mistake reported by `build()`.
 
-use super::core::{Core, MAX_QUEUE_CAPACITY};
+use super::core::Core;
+use super::cost::KvCost;
+use super::decision::Shared;
+use super::handle::Admission;
 use super::rates::Rates;
-use super::tenant::{
-    DEFAULT_MAX_TENANTS, DEFAULT_TENANT_IDLE_TIMEOUT, TenantConfig, TenantId, TenantLimits, TenantRegistry,
-};
-use super::{Admission, KvCost, Reservation, ReservationState, Shared};
+use super::reservation::{Reservation, ReservationState};
+use super::tenant::{TenantConfig, TenantId, TenantLimits, TenantRegistry};
 use crate::clock::{Clock, MonotonicClock};
 use crate::error::ConfigError;
 use crate::kv::{GpuPlan, KvDtype, ModelSpec};
-use std::collections::HashMap;
+use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 /// Default waiting-room size per priority class.
 pub const DEFAULT_QUEUE_CAPACITY: usize = 1024;
+
+/// Largest accepted `queue_capacity` (per class).
+const MAX_QUEUE_CAPACITY: usize = 1 << 20;
+
+/// Default hold time assumed before any permit has been observed (see
+/// [`AdmissionBuilder::expected_hold_time`]).
+pub const DEFAULT_EXPECTED_HOLD_TIME: Duration = Duration::from_secs(5);
 
 /// Builds an [`Admission`]. Every limit is optional; an unset limit does not limit.
 ///
@@ -47,6 +55,7 @@ pub struct AdmissionBuilder<C: Clock = MonotonicClock> {
     token_rate: Option<(f64, u64)>,
     max_queue_wait: Option<Duration>,
     deadline_timer: bool,
+    expected_hold: Duration,
     tenants: Option<TenantConfig>,
     clock: C,
 }
@@ -64,6 +73,7 @@ impl Default for AdmissionBuilder<MonotonicClock> {
             token_rate: None,
             max_queue_wait: None,
             deadline_timer: true,
+            expected_hold: DEFAULT_EXPECTED_HOLD_TIME,
             tenants: None,
             clock: MonotonicClock::new(),
         }
@@ -128,13 +138,19 @@ impl<C: Clock> AdmissionBuilder<C> {
         self
     }
 
+    /// How long a permit is assumed to be held before any has been observed (default
+    /// [`DEFAULT_EXPECTED_HOLD_TIME`], 5 s: a typical chat answer). Capacity retry hints
+    /// ([`Rejection::NoCapacity`](crate::Rejection::NoCapacity), `QueueFull`, a tenant's cap) are derived
+    /// from hold times; until the first permits are dropped this prior stands in, then every hold is used
+    /// until the estimate has enough samples, then one in eight. Set it near your typical generation time
+    /// so that the first burst is not told to come back too early.
+    pub fn expected_hold_time(mut self, hold: Duration) -> Self {
+        self.expected_hold = hold;
+        self
+    }
+
     fn tenant_config(&mut self) -> &mut TenantConfig {
-        self.tenants.get_or_insert_with(|| TenantConfig {
-            defaults: TenantLimits::new(),
-            overrides: HashMap::new(),
-            max_tenants: DEFAULT_MAX_TENANTS,
-            idle_timeout: DEFAULT_TENANT_IDLE_TIMEOUT,
-        })
+        self.tenants.get_or_insert_with(TenantConfig::new)
     }
 
     /// Limits every tenant gets unless overridden with
@@ -147,9 +163,11 @@ impl<C: Clock> AdmissionBuilder<C> {
     }
 
     /// Limits for one named tenant, instead of the defaults (for example less for a batch-jobs key,
-    /// more and a higher weight for the on-call team).
-    pub fn tenant_limits(mut self, tenant: impl Into<TenantId>, limits: TenantLimits) -> Self {
-        self.tenant_config().overrides.insert(tenant.into(), limits);
+    /// more and a higher weight for the on-call team). The tenant's `Display` (its name for a `&str`)
+    /// labels it in metrics ([`Admission::tenant_name`]).
+    pub fn tenant_limits<T: Into<TenantId> + fmt::Display>(mut self, tenant: T, limits: TenantLimits) -> Self {
+        let name: Arc<str> = Arc::from(tenant.to_string());
+        self.tenant_config().overrides.insert(tenant.into(), (name, limits));
         self
     }
 
@@ -181,6 +199,7 @@ impl<C: Clock> AdmissionBuilder<C> {
             token_rate: self.token_rate,
             max_queue_wait: self.max_queue_wait,
             deadline_timer: self.deadline_timer,
+            expected_hold: self.expected_hold,
             tenants: self.tenants,
             clock,
         }
@@ -305,13 +324,16 @@ impl<C: Clock> AdmissionBuilder<C> {
             &self.clock,
         )?;
         self.reservation.validate()?;
+        if self.expected_hold.is_zero() {
+            return Err(ConfigError::Zero { what: "expected_hold_time" });
+        }
         let tenants = match self.tenants {
-            Some(config) => Some(TenantRegistry::new(config, kv_capacity, self.clock.clone())?),
+            Some(config) => Some(TenantRegistry::new(config, self.expected_hold, self.clock.clone())?),
             None => None,
         };
         Ok(Admission {
             shared: Arc::new(Shared {
-                core: Core::new(max_in_flight, kv_capacity, self.queue_capacity, self.deadline_timer),
+                core: Core::new(max_in_flight, kv_capacity, self.queue_capacity, self.expected_hold, self.deadline_timer),
                 clock: self.clock,
                 kv_cost: self.kv_cost,
                 reservation: ReservationState::new(self.reservation),

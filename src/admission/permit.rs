@@ -1,36 +1,17 @@
-//! The RAII grant: while a `Permit` lives, its request holds an in-flight slot and its KV reservation;
-//! dropping it gives both back exactly once and hands them to the next waiter.
+//! The RAII grant: while a `Permit` lives, its request holds an in-flight slot and its KV reservation
+//! (globally and in its tenant's limits); dropping it gives them back exactly once and hands them to the
+//! next waiter.
 
-use super::core::Core;
+use super::owner::Owner;
+use super::rates::Charges;
+use super::request::Request;
 use super::tenant::TenantHandle;
 use crate::Priority;
 use std::fmt;
 use std::sync::Arc;
 
-/// What a permit or a waiting future needs from the (clock-generic) admission that issued it.
-pub(crate) trait Owner: Send + Sync + fmt::Debug + 'static {
-    /// The clock-independent state.
-    fn core(&self) -> &Core;
-    /// The admission clock's reading.
-    fn now_nanos(&self) -> u64;
-    /// Real time to wait until the admission clock reaches `deadline`.
-    #[cfg_attr(loom, allow(dead_code))]
-    fn real_time_until(&self, deadline: u64) -> std::time::Duration;
-    /// Gives back rate-limit charges: one request (if `request`) and `tokens` LLM tokens, to the global
-    /// buckets and to the tenant's.
-    fn refund_rates(&self, request: bool, tokens: u64, tenant: Option<&dyn TenantHandle>);
-    /// The whole `try_admit` decision, without counting a rejection.
-    fn admit_now(&self, this: &Arc<dyn Owner>, request: &crate::Request) -> Result<Permit, crate::Rejection>;
-    /// Validates a request that will wait and charges its rates; says how long it may wait.
-    fn prepare_wait(&self, request: &crate::Request) -> Result<super::admit::Ticket, crate::Rejection>;
-    /// Feeds a completed request's real output length to the reservation policy.
-    fn observe_output(&self, output_tokens: u32, max_new_tokens: u32);
-    /// Builds the permit for a waiter that was granted.
-    fn permit_for(&self, this: &Arc<dyn Owner>, request: &crate::Request, ticket: &super::admit::Ticket) -> Permit;
-}
-
-/// Permits whose sequence number is a multiple of this feed the hold-time average (sampling keeps the
-/// second clock read off most drops).
+/// After warm-up, one permit in this many (by admission sequence) feeds the hold-time estimates (sampling
+/// keeps the second clock read off most drops).
 const HOLD_SAMPLE_EVERY: u64 = 8;
 
 /// Capacity granted to one request. Dropping it returns the capacity, exactly once.
@@ -57,41 +38,50 @@ pub struct Permit {
     kv: u64,
     prompt_tokens: u32,
     max_new_tokens: u32,
-    /// LLM tokens charged to the token rate (0 when no token rate is configured).
-    tokens_charged: u64,
+    /// What each rate bucket was charged.
+    charges: Charges,
     priority: Priority,
     admitted_at: u64,
-    sequence: u64,
+    /// Whether dropping it feeds the hold-time estimates.
+    sample: bool,
     /// The tenant whose in-flight slot and KV share this permit also holds.
     tenant: Option<Arc<dyn TenantHandle>>,
 }
 
 impl Permit {
-    pub(crate) fn new(
+    /// A permit for capacity already reserved for `request`: counts the admission.
+    pub(crate) fn granted(
         owner: Arc<dyn Owner>,
-        request: &crate::Request,
+        request: &Request,
         kv: u64,
-        tokens_charged: u64,
+        charges: Charges,
         tenant: Option<Arc<dyn TenantHandle>>,
-        admitted_at: u64,
-        sequence: u64,
+        now: u64,
     ) -> Self {
+        let core = owner.core();
+        let sequence = core.stats.count_admitted();
+        let sample = crate::telemetry::HOLD_TIMES
+            || sequence % HOLD_SAMPLE_EVERY == 0
+            || core.stats.hold.warming_up()
+            || tenant.as_ref().is_some_and(|t| t.core().hold.warming_up());
+        crate::telemetry::admitted(request.priority);
         Self {
             owner,
             kv,
             prompt_tokens: request.prompt_tokens,
             max_new_tokens: request.max_new_tokens,
-            tokens_charged,
+            charges,
             priority: request.priority,
-            admitted_at,
-            sequence,
+            admitted_at: now,
+            sample,
             tenant,
         }
     }
 
     /// Ends the generation having produced `output_tokens`, and refunds the part of the token-rate
-    /// reservation that was not used (`max_new_tokens - output_tokens`, if positive). Then the permit is
-    /// dropped, returning its slot and KV reservation.
+    /// reservation that was not used (`max_new_tokens - output_tokens`, if positive), to every token bucket
+    /// that was charged (the global one and the tenant's). Then the permit is dropped, returning its slot
+    /// and KV reservation.
     ///
     /// # Examples
     ///
@@ -105,13 +95,13 @@ impl Permit {
     /// ```
     pub fn complete(self, output_tokens: u32) {
         self.owner.observe_output(output_tokens, self.max_new_tokens);
-        if self.tokens_charged != 0 || self.tenant.is_some() {
-            // Every token bucket charged this request `prompt + max_new` tokens, so the unused part of
-            // `max_new` is within what each of them holds for it.
-            let unused = u64::from(self.max_new_tokens.saturating_sub(output_tokens));
-            if unused != 0 {
-                self.owner.refund_rates(false, unused, self.tenant.as_deref());
-            }
+        let unused = u64::from(self.max_new_tokens.saturating_sub(output_tokens));
+        if unused != 0 && (self.charges.global.tokens != 0 || self.charges.tenant.tokens != 0) {
+            let refund = Charges {
+                global: self.charges.global.unused_tokens(unused),
+                tenant: self.charges.tenant.unused_tokens(unused),
+            };
+            self.owner.refund(refund, self.tenant.as_deref());
         }
     }
 
@@ -130,9 +120,9 @@ impl Permit {
         self.max_new_tokens
     }
 
-    /// LLM tokens charged to the token rate (0 without a token rate).
+    /// LLM tokens charged to the global token rate (0 without a token rate).
     pub fn tokens_charged(&self) -> u64 {
-        self.tokens_charged
+        self.charges.global.tokens
     }
 
     /// The request's priority class.
@@ -149,17 +139,15 @@ impl Permit {
 impl Drop for Permit {
     fn drop(&mut self) {
         let core = self.owner.core();
-        if crate::telemetry::HOLD_TIMES || self.sequence % HOLD_SAMPLE_EVERY == 0 {
+        if self.sample {
             let held = self.owner.now_nanos().saturating_sub(self.admitted_at);
             crate::telemetry::hold_time(held);
-            if self.sequence % HOLD_SAMPLE_EVERY == 0 {
-                core.record_hold(held);
+            core.stats.hold.record(held);
+            if let Some(tenant) = &self.tenant {
+                tenant.core().hold.record(held);
             }
         }
-        if let Some(tenant) = &self.tenant {
-            tenant.release(self.kv);
-        }
-        core.release(self.kv);
+        core.release(self.kv, self.tenant.as_deref());
     }
 }
 
@@ -169,7 +157,7 @@ impl fmt::Debug for Permit {
             .field("kv", &self.kv)
             .field("prompt_tokens", &self.prompt_tokens)
             .field("max_new_tokens", &self.max_new_tokens)
-            .field("tokens_charged", &self.tokens_charged)
+            .field("tokens_charged", &self.charges.global.tokens)
             .field("priority", &self.priority)
             .finish_non_exhaustive()
     }

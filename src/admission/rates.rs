@@ -1,8 +1,8 @@
 //! A request rate and an LLM-token rate, charged together all or nothing — the admission's global pair
-//! and each tenant's own.
+//! and each tenant's own — and the record of what was charged, so that every refund returns exactly that.
 
 use crate::bucket::{AcquireError, TokenBucket};
-use crate::clock::{Clock, nanos_to_duration};
+use crate::clock::Clock;
 use crate::error::ConfigError;
 use std::time::Duration;
 
@@ -13,6 +13,30 @@ pub(crate) enum RateRefusal {
     NotYet(Duration),
     /// Never: more tokens than the token rate's burst.
     NeverFits { requested: u64, burst: u64 },
+}
+
+/// What one pair of buckets was charged for one request: one request (if it has a request rate) and the
+/// tokens taken from its token rate (0 without one). Refunds return exactly this, never more.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Charge {
+    pub(crate) request: bool,
+    pub(crate) tokens: u64,
+}
+
+/// What a request was charged: the global buckets and its tenant's.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Charges {
+    pub(crate) global: Charge,
+    pub(crate) tenant: Charge,
+}
+
+impl Charge {
+    /// The part of the token charge that `unused` unused output tokens give back (never more than was
+    /// charged).
+    #[inline]
+    pub(crate) fn unused_tokens(self, unused: u64) -> Charge {
+        Charge { request: false, tokens: self.tokens.min(unused) }
+    }
 }
 
 /// Optional request-rate and token-rate buckets.
@@ -40,28 +64,31 @@ impl<C: Clock> Rates<C> {
         Ok(Self { requests: bucket(requests, names.0)?, tokens: bucket(tokens, names.1)? })
     }
 
+    /// Whether any rate is configured.
+    #[inline]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.requests.is_none() && self.tokens.is_none()
+    }
+
     /// The token rate's burst, if there is a token rate.
     #[inline]
     pub(crate) fn token_burst(&self) -> Option<u64> {
         self.tokens.as_ref().map(TokenBucket::burst)
     }
 
-    /// Charges one request and `total` tokens at `now`, all or nothing. Returns the tokens charged to
-    /// the token rate (0 without one).
+    /// Charges one request and `total` tokens at `now`, all or nothing, and says what was charged.
     #[inline]
-    pub(crate) fn charge(&self, total: u64, now: u64) -> Result<u64, RateRefusal> {
+    pub(crate) fn charge(&self, total: u64, now: u64) -> Result<Charge, RateRefusal> {
         if let Some(requests) = &self.requests {
             if let Err(err) = requests.try_acquire_at(1, now) {
-                let mut wait = err.retry_after().unwrap_or(Duration::ZERO);
-                if let Some(tokens) = &self.tokens {
-                    wait = wait.max(time_until_available(tokens, total, now));
-                }
+                let wait = err.retry_after().unwrap_or(Duration::ZERO).max(self.token_wait(total, now));
                 return Err(RateRefusal::NotYet(wait.max(Duration::from_nanos(1))));
             }
         }
-        let Some(tokens) = &self.tokens else { return Ok(0) };
+        let request = self.requests.is_some();
+        let Some(tokens) = &self.tokens else { return Ok(Charge { request, tokens: 0 }) };
         match tokens.try_acquire_at(total, now) {
-            Ok(()) => Ok(total),
+            Ok(()) => Ok(Charge { request, tokens: total }),
             Err(err) => {
                 if let Some(requests) = &self.requests {
                     requests.refund_at(1, now);
@@ -74,16 +101,27 @@ impl<C: Clock> Rates<C> {
         }
     }
 
-    /// Gives back one request (if `request`) and `tokens` tokens.
-    pub(crate) fn refund(&self, request: bool, tokens: u64, now: u64) {
-        if request {
+    /// The exact time until both buckets would let one request of `total` tokens through, without charging
+    /// (zero if now; `Duration::MAX` if it can never fit).
+    pub(crate) fn wait(&self, total: u64, now: u64) -> Duration {
+        let requests = self.requests.as_ref().map_or(Ok(Duration::ZERO), |b| b.time_until_available_at(1, now));
+        requests.unwrap_or(Duration::MAX).max(self.token_wait(total, now))
+    }
+
+    fn token_wait(&self, total: u64, now: u64) -> Duration {
+        self.tokens.as_ref().map_or(Duration::ZERO, |b| b.time_until_available_at(total, now).unwrap_or(Duration::MAX))
+    }
+
+    /// Gives back exactly `charge`.
+    pub(crate) fn refund(&self, charge: Charge, now: u64) {
+        if charge.request {
             if let Some(bucket) = &self.requests {
                 bucket.refund_at(1, now);
             }
         }
-        if tokens != 0 {
+        if charge.tokens != 0 {
             if let Some(bucket) = &self.tokens {
-                bucket.refund_at(tokens, now);
+                bucket.refund_at(charge.tokens, now);
             }
         }
     }
@@ -151,15 +189,4 @@ pub(crate) fn rename_rate(error: ConfigError, what: &'static str) -> ConfigError
         ConfigError::InvalidRate { value, min, max, .. } => ConfigError::InvalidRate { what, value, min, max },
         other => other,
     }
-}
-
-/// Time until `bucket` holds `n` tokens, from its current level and rate (an estimate used only to
-/// combine two rate hints).
-fn time_until_available<C: Clock>(bucket: &TokenBucket<C>, n: u64, now: u64) -> Duration {
-    let available = bucket.available_at(now);
-    if available >= n {
-        return Duration::ZERO;
-    }
-    let missing = (n - available) as f64;
-    nanos_to_duration((missing / bucket.rate() * 1e9).ceil().min(u64::MAX as f64) as u64)
 }

@@ -1,6 +1,62 @@
 //! Why a request was not admitted, and when (if ever) trying again can succeed.
+//!
+//! The reasons are listed once, in [`with_rejection_reasons`]: the `Reason` enum, the per-reason counters,
+//! [`RejectionCounts`](crate::RejectionCounts)' fields, [`Rejection::reason`] and the metrics labels are
+//! all generated from that list, so a new reason cannot be counted in one place and forgotten in another.
 
 use std::time::Duration;
+
+/// Calls `$callback!` with the one list of rejection reasons, one `Variant, field, "label";` per reason,
+/// in counter order. `Variant` is the [`Rejection`] variant, `field` its [`RejectionCounts`] field and
+/// `"label"` its name in [`Rejection::reason`] and in metrics.
+///
+/// [`RejectionCounts`]: crate::RejectionCounts
+macro_rules! with_rejection_reasons {
+    ($callback:ident) => {
+        $callback! {
+            NoCapacity, no_capacity, "no_capacity";
+            RateLimited, rate_limited, "rate_limited";
+            TooLarge, too_large, "too_large";
+            QueueFull, queue_full, "queue_full";
+            TimedOut, timed_out, "timed_out";
+            Closed, closed, "closed";
+            Invalid, invalid, "invalid";
+        }
+    };
+}
+pub(crate) use with_rejection_reasons;
+
+macro_rules! define_reason {
+    ($($variant:ident, $field:ident, $label:literal;)*) => {
+        /// Why a request was refused, without the details: the index of every per-reason list.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        #[repr(u8)]
+        pub(crate) enum Reason {
+            $($variant,)*
+        }
+
+        impl Reason {
+            /// Every reason, in counter order.
+            pub(crate) const ALL: [Reason; [$(Reason::$variant),*].len()] = [$(Reason::$variant),*];
+            /// Number of reasons.
+            pub(crate) const COUNT: usize = Reason::ALL.len();
+
+            /// Dense index, for per-reason counters.
+            #[inline]
+            pub(crate) const fn index(self) -> usize {
+                self as usize
+            }
+
+            /// The snake_case name used in metrics and JSON.
+            pub(crate) const fn name(self) -> &'static str {
+                match self {
+                    $(Reason::$variant => $label,)*
+                }
+            }
+        }
+    };
+}
+with_rejection_reasons!(define_reason);
 
 /// The limit a [`Rejection::TooLarge`] refers to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -149,30 +205,18 @@ impl Rejection {
 
     /// A short machine-readable reason, as used in metrics labels and JSON error bodies.
     pub const fn reason(&self) -> &'static str {
-        match self {
-            Rejection::NoCapacity { .. } => "no_capacity",
-            Rejection::RateLimited { .. } => "rate_limited",
-            Rejection::TooLarge { .. } => "too_large",
-            Rejection::QueueFull { .. } => "queue_full",
-            Rejection::TimedOut => "timed_out",
-            Rejection::Closed => "closed",
-            Rejection::Invalid { .. } => "invalid",
-        }
+        self.kind().name()
     }
 
-    /// Dense index of the reason, for per-reason counters.
-    pub(crate) const fn index(&self) -> usize {
-        match self {
-            Rejection::NoCapacity { .. } => 0,
-            Rejection::RateLimited { .. } => 1,
-            Rejection::TooLarge { .. } => 2,
-            Rejection::QueueFull { .. } => 3,
-            Rejection::TimedOut => 4,
-            Rejection::Closed => 5,
-            Rejection::Invalid { .. } => 6,
+    /// The reason as an enum, the key of every per-reason list.
+    pub(crate) const fn kind(&self) -> Reason {
+        macro_rules! kind_of {
+            ($($variant:ident, $field:ident, $label:literal;)*) => {
+                match self {
+                    $(Rejection::$variant { .. } => Reason::$variant,)*
+                }
+            };
         }
+        with_rejection_reasons!(kind_of)
     }
-
-    /// Number of distinct reasons.
-    pub(crate) const REASONS: usize = 7;
 }

@@ -1,53 +1,42 @@
 //! A point-in-time view of an admission's state and counters, for metrics, health checks and tests.
 
+use super::rejection::{Reason, with_rejection_reasons};
 use std::time::Duration;
 
-/// Rejections since the admission was built, by reason.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize))]
-#[non_exhaustive]
-pub struct RejectionCounts {
-    /// [`Rejection::NoCapacity`](crate::Rejection::NoCapacity).
-    pub no_capacity: u64,
-    /// [`Rejection::RateLimited`](crate::Rejection::RateLimited).
-    pub rate_limited: u64,
-    /// [`Rejection::TooLarge`](crate::Rejection::TooLarge).
-    pub too_large: u64,
-    /// [`Rejection::QueueFull`](crate::Rejection::QueueFull).
-    pub queue_full: u64,
-    /// [`Rejection::TimedOut`](crate::Rejection::TimedOut).
-    pub timed_out: u64,
-    /// [`Rejection::Closed`](crate::Rejection::Closed).
-    pub closed: u64,
-    /// [`Rejection::Invalid`](crate::Rejection::Invalid).
-    pub invalid: u64,
-}
+macro_rules! define_counts {
+    ($($variant:ident, $field:ident, $label:literal;)*) => {
+        /// Rejections since the admission was built, by reason (one field per [`Rejection`] variant).
+        ///
+        /// [`Rejection`]: crate::Rejection
+        #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+        #[cfg_attr(feature = "serde", derive(serde::Serialize))]
+        #[non_exhaustive]
+        pub struct RejectionCounts {
+            $(
+                #[doc = concat!("[`Rejection::", stringify!($variant), "`](crate::Rejection::", stringify!($variant), ").")]
+                pub $field: u64,
+            )*
+        }
 
-impl RejectionCounts {
-    /// All rejections.
-    pub fn total(&self) -> u64 {
-        self.no_capacity
-            + self.rate_limited
-            + self.too_large
-            + self.queue_full
-            + self.timed_out
-            + self.closed
-            + self.invalid
-    }
+        impl RejectionCounts {
+            /// The counts from per-reason counters indexed like `Reason`.
+            pub(crate) fn from_counters(counters: &[u64; Reason::COUNT]) -> Self {
+                Self { $($field: counters[Reason::$variant.index()],)* }
+            }
 
-    /// `(reason, count)` pairs, reasons as in [`Rejection::reason`](crate::Rejection::reason).
-    pub fn by_reason(&self) -> [(&'static str, u64); 7] {
-        [
-            ("no_capacity", self.no_capacity),
-            ("rate_limited", self.rate_limited),
-            ("too_large", self.too_large),
-            ("queue_full", self.queue_full),
-            ("timed_out", self.timed_out),
-            ("closed", self.closed),
-            ("invalid", self.invalid),
-        ]
-    }
+            /// All rejections.
+            pub fn total(&self) -> u64 {
+                0 $(+ self.$field)*
+            }
+
+            /// `(reason, count)` pairs, reasons as in [`Rejection::reason`](crate::Rejection::reason).
+            pub fn by_reason(&self) -> [(&'static str, u64); Reason::COUNT] {
+                [$(($label, self.$field)),*]
+            }
+        }
+    };
 }
+with_rejection_reasons!(define_counts);
 
 /// The state of an [`Admission`](crate::Admission) at one moment.
 ///
@@ -87,8 +76,13 @@ pub struct Snapshot {
     pub rejected: RejectionCounts,
     /// Whether [`close`](crate::Admission::close) was called.
     pub closed: bool,
-    /// Observed mean time a permit is held (1 s until observed), used for capacity retry hints.
+    /// Estimated time a permit is held (the builder's
+    /// [`expected_hold_time`](crate::AdmissionBuilder::expected_hold_time) until permits have been
+    /// observed), used for capacity retry hints.
     pub mean_hold: Duration,
+    /// Wakers that panicked when the dispatcher woke them. The panic is contained: the waiter keeps its
+    /// grant and admission goes on.
+    pub waker_panics: u64,
 }
 
 impl Snapshot {

@@ -1,0 +1,324 @@
+//! The admission decision: one path for every request — with or without a tenant, allowed to wait or not —
+//! that takes every limit all or nothing.
+//!
+//! # Order of checks
+//! 1. What waiting cannot change (nothing is taken): a request for zero tokens (`Invalid`), a closed
+//!    admission (`Closed`), a request larger than the KV budget, its tenant's share of the budget, or a
+//!    token-rate burst (`TooLarge`).
+//! 2. The global in-flight slot and KV budget. Refused while a waiter of the same or a higher class is held
+//!    back by them (a new request never overtakes it) or when they are full: `NoCapacity` — or, when the
+//!    request may wait, it queues.
+//! 3. The tenant's own in-flight cap and KV share. Refused while one of the tenant's own waiters of the
+//!    same or a higher class is parked, or when they are full: `RateLimited` with a hint from the tenant's
+//!    own hold times (the client, not the server, is too busy) — or, when the request may wait, it queues
+//!    in its tenant's flow, parked until the tenant frees room.
+//! 4. The request rate and token rate, global then the tenant's, only once capacity was found, so that a
+//!    request refused for capacity spends no rate token. A rate refusal (`RateLimited`) carries the time
+//!    at which *every* rate the request is subject to would pass. A request that queues is charged its
+//!    rates before it queues (rates never wait) and refunded exactly that if it never runs.
+//!
+//! A refusal at any step gives back what the earlier steps took before it returns.
+
+use super::capacity::Shortage;
+use super::core::Core;
+use super::cost::KvCost;
+use super::dispatcher::{Enqueued, NewWaiter};
+use super::owner::{Attempt, Owner, Ticket, WaitSpec};
+use super::permit::Permit;
+use super::rates::{Charge, Charges, RateRefusal, Rates};
+use super::rejection::{Limit, Rejection};
+use super::request::Request;
+use super::reservation::ReservationState;
+use super::tenant::{TenantHandle, TenantRegistry, TenantState};
+use crate::clock::Clock;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Whose capacity held a request back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HeldBy {
+    /// The global in-flight slots or KV budget (or waiters they hold back).
+    Server,
+    /// The request's tenant's in-flight cap or KV share (or its parked waiters).
+    Tenant,
+}
+
+/// Everything one admission owns.
+#[derive(Debug)]
+pub(crate) struct Shared<C: Clock> {
+    pub(crate) core: Core,
+    pub(crate) clock: C,
+    pub(crate) kv_cost: KvCost,
+    pub(crate) reservation: ReservationState,
+    pub(crate) rates: Rates<C>,
+    /// Default longest queue wait in clock nanoseconds.
+    pub(crate) max_queue_wait: Option<u64>,
+    pub(crate) tenants: Option<TenantRegistry<C>>,
+}
+
+impl<C: Clock> Shared<C> {
+    /// The KV units `request` reserves.
+    #[inline]
+    pub(crate) fn kv_cost(&self, request: &Request) -> u64 {
+        self.kv_cost.units(self.reservation.tokens(request))
+    }
+
+    /// Step 1, global part: what no amount of waiting changes. Returns the request's KV units.
+    #[inline]
+    fn validate(&self, request: &Request) -> Result<u64, Rejection> {
+        let total = request.total_tokens();
+        if total == 0 {
+            return Err(Rejection::Invalid { reason: "the request asks for zero tokens (prompt and output both 0)" });
+        }
+        if self.core.is_closed() {
+            return Err(Rejection::Closed);
+        }
+        let kv = self.kv_cost(request);
+        let budget = self.core.kv_limit();
+        if kv > budget {
+            return Err(Rejection::TooLarge { limit: Limit::KvBudget, requested: kv, capacity: budget });
+        }
+        if let Some(burst) = self.rates.token_burst() {
+            if total > burst {
+                return Err(Rejection::TooLarge { limit: Limit::TokenRate, requested: total, capacity: burst });
+            }
+        }
+        Ok(kv)
+    }
+
+    /// The one decision (see the module docs).
+    ///
+    /// `this` hands out the owner a permit keeps (called only when one is granted).
+    #[inline]
+    pub(crate) fn decide(
+        &self,
+        this: &impl Fn() -> Arc<dyn Owner>,
+        request: &Request,
+        wait: Option<WaitSpec>,
+    ) -> Attempt {
+        let kv = match self.validate(request) {
+            Ok(kv) => kv,
+            Err(rejection) => return Attempt::Refused(rejection),
+        };
+        let class = request.priority.index();
+        let mut now = None;
+        let tenant = match (&self.tenants, request.tenant) {
+            (Some(registry), Some(id)) => {
+                let t = registry.get(id, *now.get_or_insert_with(|| self.clock.now_nanos()));
+                if let Err(rejection) = t.core().fits_share(kv, self.core.kv_limit()) {
+                    return Attempt::Refused(rejection);
+                }
+                if let Err(rejection) = t.fits_burst(request.total_tokens()) {
+                    return Attempt::Refused(rejection);
+                }
+                Some(t)
+            }
+            _ => None,
+        };
+        let core = &self.core;
+        // Step 2: global capacity.
+        if let Err(shortage) = core.try_take(kv, class) {
+            return match (shortage, wait) {
+                (Shortage::Closed, _) => Attempt::Refused(Rejection::Closed),
+                (_, Some(wait)) => self.queue(this, request, kv, tenant, wait, HeldBy::Server),
+                (_, None) => Attempt::Refused(self.refusal(HeldBy::Server, class, tenant.as_deref())),
+            };
+        }
+        // Step 3: the tenant's own capacity.
+        if let Some(t) = &tenant {
+            let tc = t.core();
+            if let Err(refused) = tc.capacity.try_take(tc.kv_units(kv), tc.kv_limit(core.kv_limit()), class) {
+                core.release(kv, None);
+                if refused.dispatch {
+                    core.dispatcher.dispatch(core.resources(), Some(t.as_ref() as &dyn TenantHandle));
+                }
+                return match wait {
+                    Some(wait) => self.queue(this, request, kv, tenant, wait, HeldBy::Tenant),
+                    None => Attempt::Refused(self.refusal(HeldBy::Tenant, class, tenant.as_deref())),
+                };
+            }
+        }
+        // Step 4: rates.
+        let now = now.unwrap_or_else(|| self.clock.now_nanos());
+        match self.charge(request.total_tokens(), tenant.as_deref(), now) {
+            Ok((charges, now)) => {
+                let tenant = tenant.map(|t| t as Arc<dyn TenantHandle>);
+                Attempt::Granted(Permit::granted(this(), request, kv, charges, tenant, now))
+            }
+            Err(rejection) => {
+                core.release(kv, tenant.as_deref().map(|t| t as &dyn TenantHandle));
+                Attempt::Refused(rejection)
+            }
+        }
+    }
+
+    /// Charges the global rates, then the tenant's, all or nothing. Returns the charges and the time they
+    /// were made at. A refusal's hint is the time at which every rate involved would pass.
+    #[inline]
+    fn charge(&self, total: u64, tenant: Option<&TenantState<C>>, now: u64) -> Result<(Charges, u64), Rejection> {
+        let (global, now) = self.charge_global(total, now, tenant)?;
+        let Some(tenant) = tenant.filter(|t| t.has_rates()) else {
+            return Ok((Charges { global, tenant: Charge::default() }, now));
+        };
+        match tenant.charge(total, now) {
+            Ok(charge) => Ok((Charges { global, tenant: charge }, now)),
+            Err(refusal) => {
+                self.rates.refund(global, now);
+                Err(match refusal {
+                    RateRefusal::NotYet(wait) => {
+                        Rejection::RateLimited { retry_after: wait.max(self.rates.wait(total, now)) }
+                    }
+                    RateRefusal::NeverFits { requested, burst } => {
+                        Rejection::TooLarge { limit: Limit::TenantTokenRate, requested, capacity: burst }
+                    }
+                })
+            }
+        }
+    }
+
+    /// Charges the global rates at `now`, looking at the clock again once if refused: a thread preempted
+    /// between reading the clock and charging arrives with a stale time and would be refused for tokens
+    /// that have accrued since.
+    #[inline]
+    fn charge_global(&self, total: u64, now: u64, tenant: Option<&TenantState<C>>) -> Result<(Charge, u64), Rejection> {
+        if self.rates.is_empty() {
+            return Ok((Charge::default(), now));
+        }
+        let refusal = match self.rates.charge(total, now) {
+            Ok(charge) => return Ok((charge, now)),
+            Err(RateRefusal::NotYet(_)) => {
+                let now = self.clock.now_nanos();
+                match self.rates.charge(total, now) {
+                    Ok(charge) => return Ok((charge, now)),
+                    Err(refusal) => (refusal, now),
+                }
+            }
+            Err(refusal) => (refusal, now),
+        };
+        Err(match refusal {
+            (RateRefusal::NotYet(wait), now) => {
+                let tenant_wait = tenant.map_or(Duration::ZERO, |t| t.rate_wait(total, now));
+                Rejection::RateLimited { retry_after: wait.max(tenant_wait) }
+            }
+            (RateRefusal::NeverFits { requested, burst }, _) => {
+                Rejection::TooLarge { limit: Limit::TokenRate, requested, capacity: burst }
+            }
+        })
+    }
+
+    /// The waiting path: charge the rates (they never wait), then take a place in the waiting room.
+    fn queue(
+        &self,
+        this: &impl Fn() -> Arc<dyn Owner>,
+        request: &Request,
+        kv: u64,
+        tenant: Option<Arc<TenantState<C>>>,
+        wait: WaitSpec,
+        held_by: HeldBy,
+    ) -> Attempt {
+        if self.core.dispatcher.queue_capacity() == 0 {
+            return Attempt::Refused(self.refusal(held_by, request.priority.index(), tenant.as_deref()));
+        }
+        let total = request.total_tokens();
+        let (charges, now) = match self.charge(total, tenant.as_deref(), self.clock.now_nanos()) {
+            Ok(charged) => charged,
+            Err(rejection) => return Attempt::Refused(rejection),
+        };
+        let limit = match (request.max_wait.map(crate::clock::duration_to_nanos), self.max_queue_wait) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let limit = match (limit, wait.timeout.map(crate::clock::duration_to_nanos)) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let deadline = limit.map_or(u64::MAX, |w| now.saturating_add(w));
+        let tenant: Option<Arc<dyn TenantHandle>> = tenant.map(|t| t as Arc<dyn TenantHandle>);
+        if deadline <= now {
+            self.refund(charges, tenant.as_deref());
+            return Attempt::Refused(Rejection::TimedOut);
+        }
+        let new = NewWaiter {
+            class: request.priority.index(),
+            kv,
+            deadline,
+            tenant: tenant.clone(),
+            notify: wait.notify,
+        };
+        match self.core.dispatcher.enqueue(self.core.resources(), new) {
+            Ok(Enqueued::Granted) => {
+                let now = self.clock.now_nanos();
+                Attempt::Granted(Permit::granted(this(), request, kv, charges, tenant, now))
+            }
+            Ok(Enqueued::Waiting { key, deadline_added }) => Attempt::Queued(Ticket {
+                key,
+                kv,
+                charges,
+                tenant,
+                deadline,
+                earliest_deadline: deadline_added.unwrap_or(false),
+                queued_at: now,
+            }),
+            Err(rejection) => {
+                self.refund(charges, tenant.as_deref());
+                Attempt::Refused(rejection)
+            }
+        }
+    }
+
+    /// The refusal of a request that may not wait: `NoCapacity` when the server's capacity held it back,
+    /// `RateLimited` with the tenant's own hint when its tenant's did.
+    fn refusal(&self, held_by: HeldBy, class: usize, tenant: Option<&TenantState<C>>) -> Rejection {
+        match (held_by, tenant) {
+            (HeldBy::Tenant, Some(t)) => Rejection::RateLimited { retry_after: t.core().hint() },
+            _ => self.core.no_capacity(class),
+        }
+    }
+
+    /// Gives back exactly `charges`.
+    pub(crate) fn refund(&self, charges: Charges, tenant: Option<&dyn TenantHandle>) {
+        if charges == Charges::default() {
+            return;
+        }
+        let now = self.clock.now_nanos();
+        self.rates.refund(charges.global, now);
+        if let Some(tenant) = tenant {
+            tenant.refund(charges.tenant, now);
+        }
+    }
+}
+
+impl<C: Clock> Owner for Shared<C> {
+    #[inline]
+    fn core(&self) -> &Core {
+        &self.core
+    }
+
+    #[inline]
+    fn now_nanos(&self) -> u64 {
+        self.clock.now_nanos()
+    }
+
+    fn real_time_until(&self, deadline: u64) -> Duration {
+        self.clock.real_time_until(deadline.saturating_sub(self.clock.now_nanos()))
+    }
+
+    fn refund(&self, charges: Charges, tenant: Option<&dyn TenantHandle>) {
+        Shared::refund(self, charges, tenant);
+    }
+
+    #[inline]
+    fn attempt(&self, this: &Arc<dyn Owner>, request: &Request, wait: Option<WaitSpec>) -> Attempt {
+        self.decide(&|| Arc::clone(this), request, wait)
+    }
+
+    fn observe_output(&self, output_tokens: u32, max_new_tokens: u32) {
+        self.reservation.observe(output_tokens, max_new_tokens);
+    }
+}
+
+impl<C: Clock> Drop for Shared<C> {
+    fn drop(&mut self) {
+        self.core.timer.shutdown();
+    }
+}

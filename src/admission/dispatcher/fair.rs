@@ -1,0 +1,362 @@
+//! The waiting room of one priority class: waiters grouped in *flows* (one per tenant, one for requests
+//! without a tenant), served round-robin across flows (weighted), first-in first-out within a flow.
+//!
+//! Policy (weighted round-robin, a deficit round-robin whose cost unit is one request): eligible flows
+//! form a ring; the flow at the front may be granted up to `weight` requests in its turn, then the ring
+//! rotates. A flow whose head its own tenant cannot take (the tenant's in-flight cap or KV share is full)
+//! is *parked*: it leaves the ring until that tenant frees room, so it blocks nobody else. A head that
+//! does not fit the *global* capacity stops the pass: nobody passes it, in this class or below.
+//!
+//! Guarantee: with `n` flows eligible in a class and weights `w_i`, each of flow `i`'s waiters is granted
+//! after at most `sum_j w_j / w_i` grants per waiter ahead of it in its own flow — a tenant with 500
+//! queued requests delays another tenant's request by at most its weight per round, not by 500.
+//!
+//! # Layout
+//! Waiters live in the waiting room's slab; a flow links its waiters through their `prev`/`next`
+//! indices, and the ring links flows through theirs, so joining, leaving from anywhere (cancellation),
+//! parking and rotating are all O(1), and nothing is allocated per waiter. Flow entries are reused.
+//! Only the holder of the waiting room's lock touches a `FairQueue`.
+
+use super::waiter::Slab;
+use crate::admission::tenant::{FlowKey, TenantHandle};
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::Arc;
+
+/// Flow keys are already hashes (or small ids): one multiply spreads them, no SipHash on the
+/// dispatcher's path.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(byte)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_u64(&mut self, key: u64) {
+        self.0 = (self.0 ^ key).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+/// One tenant's (or the anonymous) waiters in one class.
+#[derive(Debug)]
+pub(crate) struct Flow {
+    pub(crate) key: FlowKey,
+    /// The tenant whose own limits its waiters also need.
+    pub(crate) tenant: Option<Arc<dyn TenantHandle>>,
+    weight: u32,
+    /// Oldest and newest waiter.
+    head: Option<u32>,
+    tail: Option<u32>,
+    len: usize,
+    /// Neighbours in the ring (only while in it).
+    ring_prev: Option<u32>,
+    ring_next: Option<u32>,
+    in_ring: bool,
+    /// Out of the ring until its tenant frees room.
+    pub(crate) parked: bool,
+}
+
+/// What removing a waiter did to its flow.
+#[derive(Debug)]
+pub(crate) struct Left {
+    /// The flow had no more waiters and was freed.
+    pub(crate) emptied: bool,
+    /// The flow was parked (its tenant's parked bit for this class must be cleared if it emptied).
+    pub(crate) was_parked: bool,
+}
+
+/// Waiters of one priority class, by flow.
+#[derive(Debug, Default)]
+pub(crate) struct FairQueue {
+    flows: Vec<Option<Flow>>,
+    free: Vec<u32>,
+    by_key: HashMap<FlowKey, u32, BuildHasherDefault<KeyHasher>>,
+    ring_head: Option<u32>,
+    ring_tail: Option<u32>,
+    /// Grants made to the front flow in its current turn.
+    served_in_turn: u32,
+}
+
+impl FairQueue {
+    fn flow(&self, id: u32) -> &Flow {
+        self.flows[id as usize].as_ref().expect("a live flow id")
+    }
+
+    fn flow_mut(&mut self, id: u32) -> &mut Flow {
+        self.flows[id as usize].as_mut().expect("a live flow id")
+    }
+
+    /// The tenant of flow `id`.
+    pub(crate) fn tenant(&self, id: u32) -> Option<&Arc<dyn TenantHandle>> {
+        self.flow(id).tenant.as_ref()
+    }
+
+    /// The flow of `key`, if it has waiters.
+    pub(crate) fn find(&self, key: FlowKey) -> Option<u32> {
+        self.by_key.get(&key).copied()
+    }
+
+    /// Whether no flow is eligible (every waiter, if any, is parked).
+    pub(crate) fn ring_is_empty(&self) -> bool {
+        self.ring_head.is_none()
+    }
+
+    /// Appends waiter `index` behind the earlier waiters of its flow, creating the flow if needed; sets
+    /// the waiter's `flow`. Returns true if the flow just entered the ring (the class has a newly eligible
+    /// flow: the caller marks the class held back *before* trying to grant).
+    pub(crate) fn push(
+        &mut self,
+        slab: &mut Slab,
+        index: u32,
+        key: FlowKey,
+        tenant: Option<&Arc<dyn TenantHandle>>,
+    ) -> bool {
+        let (id, created) = match self.by_key.get(&key) {
+            Some(&id) => (id, false),
+            None => {
+                let flow = Flow {
+                    key,
+                    tenant: tenant.cloned(),
+                    weight: tenant.map_or(1, |t| t.core().weight),
+                    head: None,
+                    tail: None,
+                    len: 0,
+                    ring_prev: None,
+                    ring_next: None,
+                    in_ring: false,
+                    parked: false,
+                };
+                let id = match self.free.pop() {
+                    Some(id) => {
+                        self.flows[id as usize] = Some(flow);
+                        id
+                    }
+                    None => {
+                        self.flows.push(Some(flow));
+                        u32::try_from(self.flows.len() - 1).expect("fewer than 2^32 flows")
+                    }
+                };
+                self.by_key.insert(key, id);
+                (id, true)
+            }
+        };
+        let tail = self.flow(id).tail;
+        {
+            let waiter = slab.get_mut(index);
+            waiter.flow = id;
+            waiter.prev = tail;
+            waiter.next = None;
+        }
+        if let Some(tail) = tail {
+            slab.get_mut(tail).next = Some(index);
+        }
+        let flow = self.flow_mut(id);
+        flow.tail = Some(index);
+        if flow.head.is_none() {
+            flow.head = Some(index);
+        }
+        flow.len += 1;
+        if created {
+            self.ring_push_back(id);
+            true
+        } else {
+            false
+        }
+    }
+
+    /// The next waiter to serve: `(flow, waiter index)` of the front flow's oldest waiter.
+    pub(crate) fn head(&self) -> Option<(u32, u32)> {
+        let id = self.ring_head?;
+        Some((id, self.flow(id).head.expect("a flow in the ring has waiters")))
+    }
+
+    /// Unlinks waiter `index` (granted, cancelled, timed out, closed, too large) from its flow. Frees the
+    /// flow if it emptied.
+    pub(crate) fn remove(&mut self, slab: &mut Slab, index: u32) -> Left {
+        let (id, prev, next) = {
+            let w = slab.get(index);
+            (w.flow, w.prev, w.next)
+        };
+        match prev {
+            Some(p) => slab.get_mut(p).next = next,
+            None => self.flow_mut(id).head = next,
+        }
+        match next {
+            Some(n) => slab.get_mut(n).prev = prev,
+            None => self.flow_mut(id).tail = prev,
+        }
+        let waiter = slab.get_mut(index);
+        waiter.prev = None;
+        waiter.next = None;
+        let flow = self.flow_mut(id);
+        flow.len -= 1;
+        let was_parked = flow.parked;
+        let emptied = flow.len == 0;
+        if emptied {
+            if self.flow(id).in_ring {
+                if self.ring_head == Some(id) {
+                    self.served_in_turn = 0;
+                }
+                self.ring_unlink(id);
+            }
+            let key = self.flow(id).key;
+            self.by_key.remove(&key);
+            self.flows[id as usize] = None;
+            self.free.push(id);
+        }
+        Left { emptied, was_parked }
+    }
+
+    /// Counts a grant to the front flow (its head was just removed with [`remove`](Self::remove)) and
+    /// ends its turn once it had `weight` grants.
+    pub(crate) fn count_grant(&mut self, flow: u32) {
+        if self.ring_head != Some(flow) {
+            // The flow emptied and left the ring: its turn ended with it.
+            return;
+        }
+        self.served_in_turn += 1;
+        if self.served_in_turn >= self.flow(flow).weight {
+            self.rotate();
+        }
+    }
+
+    /// The front flow's tenant is at its own limit: the flow leaves the ring until the tenant frees room.
+    pub(crate) fn park_front(&mut self) {
+        let Some(id) = self.ring_head else { return };
+        self.ring_unlink(id);
+        self.served_in_turn = 0;
+        self.flow_mut(id).parked = true;
+    }
+
+    /// Puts a parked flow back at the end of the ring; true if it was parked.
+    pub(crate) fn unpark(&mut self, id: u32) -> bool {
+        if !self.flow(id).parked {
+            return false;
+        }
+        self.flow_mut(id).parked = false;
+        self.ring_push_back(id);
+        true
+    }
+
+    /// Ends the front flow's turn.
+    fn rotate(&mut self) {
+        self.served_in_turn = 0;
+        if let Some(id) = self.ring_head {
+            if self.ring_tail != Some(id) {
+                self.ring_unlink(id);
+                self.ring_push_back(id);
+            }
+        }
+    }
+
+    fn ring_push_back(&mut self, id: u32) {
+        let tail = self.ring_tail;
+        {
+            let flow = self.flow_mut(id);
+            flow.ring_prev = tail;
+            flow.ring_next = None;
+            flow.in_ring = true;
+        }
+        match tail {
+            Some(t) => self.flow_mut(t).ring_next = Some(id),
+            None => self.ring_head = Some(id),
+        }
+        self.ring_tail = Some(id);
+    }
+
+    fn ring_unlink(&mut self, id: u32) {
+        let (prev, next) = {
+            let flow = self.flow_mut(id);
+            flow.in_ring = false;
+            (flow.ring_prev.take(), flow.ring_next.take())
+        };
+        match prev {
+            Some(p) => self.flow_mut(p).ring_next = next,
+            None => self.ring_head = next,
+        }
+        match next {
+            Some(n) => self.flow_mut(n).ring_prev = prev,
+            None => self.ring_tail = prev,
+        }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::super::waiter::{Notify, Waiter};
+    use super::*;
+    use crate::TenantId;
+
+    fn waiter(slab: &mut Slab) -> u32 {
+        slab.insert(Waiter::new(1, 1, u64::MAX, Notify::Task(None))).index()
+    }
+
+    #[test]
+    fn round_robin_across_flows_fifo_within() {
+        let mut slab = Slab::default();
+        let mut q = FairQueue::default();
+        let a = FlowKey::Tenant(TenantId::from(1));
+        let b = FlowKey::Anonymous;
+        let a1 = waiter(&mut slab);
+        let a2 = waiter(&mut slab);
+        let b1 = waiter(&mut slab);
+        assert!(q.push(&mut slab, a1, a, None));
+        assert!(!q.push(&mut slab, a2, a, None));
+        assert!(q.push(&mut slab, b1, b, None));
+        let mut order = Vec::new();
+        while let Some((flow, index)) = q.head() {
+            order.push(index);
+            q.remove(&mut slab, index);
+            q.count_grant(flow);
+        }
+        assert_eq!(order, [a1, b1, a2]);
+        assert!(q.ring_is_empty());
+    }
+
+    #[test]
+    fn parked_flows_leave_the_ring_and_come_back_at_its_end() {
+        let mut slab = Slab::default();
+        let mut q = FairQueue::default();
+        let (a, b) = (FlowKey::Tenant(TenantId::from(0)), FlowKey::Anonymous);
+        let a1 = waiter(&mut slab);
+        let b1 = waiter(&mut slab);
+        q.push(&mut slab, a1, a, None);
+        q.push(&mut slab, b1, b, None);
+        q.park_front();
+        assert_eq!(q.head().map(|h| h.1), Some(b1));
+        let left = q.remove(&mut slab, b1);
+        assert!(left.emptied && !left.was_parked);
+        assert!(q.ring_is_empty());
+        let id = q.find(a).unwrap();
+        assert!(q.unpark(id));
+        assert!(!q.unpark(id));
+        assert_eq!(q.head().map(|h| h.1), Some(a1));
+        // TenantId(0) and "no tenant" are different flows.
+        assert_ne!(q.find(a), q.find(b));
+    }
+
+    #[test]
+    fn cancelling_from_the_middle_keeps_order() {
+        let mut slab = Slab::default();
+        let mut q = FairQueue::default();
+        let k = FlowKey::Anonymous;
+        let w: Vec<u32> = (0..4).map(|_| waiter(&mut slab)).collect();
+        for &i in &w {
+            q.push(&mut slab, i, k, None);
+        }
+        q.remove(&mut slab, w[1]);
+        q.remove(&mut slab, w[3]);
+        let mut order = Vec::new();
+        while let Some((flow, index)) = q.head() {
+            order.push(index);
+            q.remove(&mut slab, index);
+            q.count_grant(flow);
+        }
+        assert_eq!(order, [w[0], w[2]]);
+    }
+}

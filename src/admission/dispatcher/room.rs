@@ -1,0 +1,476 @@
+//! The waiting room: every waiting request of one admission, and the passes that grant them.
+//!
+//! All waiting state sits behind one mutex (the *dispatcher role* is holding it). Every operation —
+//! enqueue, poll, cancel, a pass after a release, close, resize, expiry — takes the lock, changes the
+//! state, moves the wake-ups it owes into a [`WakeList`], releases the lock and only then wakes (see
+//! `wake_list.rs`). Taking and returning capacity stays lock-free: only a release that finds a
+//! `HELD_BACK` bit set (see `capacity.rs`) comes here.
+//!
+//! # Invariants (under the lock)
+//! 1. Class `c`'s global `HELD_BACK` bit is set whenever its ring has a flow; it is set before the pass
+//!    tries to take capacity for that flow's head, and cleared only when the ring is empty.
+//! 2. A flow is parked exactly when its tenant's `HELD_BACK` bit for its class is set; parking sets the
+//!    bit and then takes another look at the tenant's capacity (a release in between would have missed
+//!    the bit).
+//! 3. `queued[c]` equals the number of waiters of class `c` in state `Waiting`, so `QueueFull` happens
+//!    exactly when `queued[c] == queue_capacity`.
+//! 4. Once `closed` is set, no waiter is granted: `close()` sets it and the global `CLOSED` bit under
+//!    the lock, and every grant is made under the lock by a take that fails on `CLOSED`.
+//! 5. A waiter in state `Waiting` needs no more than the KV budget and its tenant's share of it: a resize
+//!    resolves the ones that no longer fit as `TooLarge`, and an enqueue checks under the lock.
+//!
+//! # Work per operation
+//! A pass costs O(1) per grant, per flow it parks and per class it visits; it grants only while capacity
+//! lasts, so the thread that returned capacity does work proportional to the waiters that capacity
+//! admits, waking them 32 at a time outside the lock. A resize or close visits every waiter once.
+
+use super::fair::FairQueue;
+use super::timer::Deadlines;
+use super::wake_list::WakeList;
+use super::waiter::{Notify, Slab, WaitState, Waiter, WaiterKey};
+use crate::Priority;
+use crate::admission::capacity::{Capacity, Limit as KvLimit};
+use crate::admission::stats::{Stats, capacity_hint};
+use crate::admission::tenant::{FlowKey, TenantHandle};
+use crate::admission::{Limit, Rejection};
+use crate::sync::{self, AtomicUsize, Mutex, MutexGuard, Ordering};
+use std::sync::Arc;
+use std::task::Waker;
+
+/// What the waiting room needs from the admission around it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Resources<'a> {
+    pub(crate) capacity: &'a Capacity,
+    pub(crate) kv_limit: &'a KvLimit,
+    pub(crate) stats: &'a Stats,
+}
+
+/// A request about to wait.
+#[derive(Debug)]
+pub(crate) struct NewWaiter {
+    pub(crate) class: usize,
+    pub(crate) kv: u64,
+    pub(crate) deadline: u64,
+    pub(crate) tenant: Option<Arc<dyn TenantHandle>>,
+    pub(crate) notify: Notify,
+}
+
+/// How an enqueue went.
+#[derive(Debug)]
+pub(crate) enum Enqueued {
+    /// Queued; its owner polls with this key. `earliest_deadline` says the deadline it registered is
+    /// now the earliest (the caller wakes the timer thread).
+    Waiting { key: WaiterKey, deadline_added: Option<bool> },
+    /// Granted by the enqueue's own pass: capacity is reserved, the entry is gone.
+    Granted,
+}
+
+/// How a wait ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    Granted,
+    Ended(Rejection),
+}
+
+#[derive(Debug)]
+struct Room {
+    waiters: Slab,
+    classes: [FairQueue; Priority::COUNT],
+    deadlines: Deadlines,
+    closed: bool,
+}
+
+/// The waiting room of one admission.
+#[derive(Debug)]
+pub(crate) struct Dispatcher {
+    room: Mutex<Room>,
+    /// `queued[c]` mirrored for lock-free reads (snapshots, hints).
+    queued: [AtomicUsize; Priority::COUNT],
+    queue_capacity: usize,
+}
+
+impl Dispatcher {
+    pub(crate) fn new(queue_capacity: usize) -> Self {
+        Self {
+            room: Mutex::new(Room {
+                waiters: Slab::default(),
+                classes: std::array::from_fn(|_| FairQueue::default()),
+                deadlines: Deadlines::default(),
+                closed: false,
+            }),
+            queued: std::array::from_fn(|_| AtomicUsize::new(0)),
+            queue_capacity,
+        }
+    }
+
+    pub(crate) fn queue_capacity(&self) -> usize {
+        self.queue_capacity
+    }
+
+    /// Waiters of one class.
+    pub(crate) fn queued_in(&self, class: usize) -> usize {
+        self.queued[class].load(Ordering::Relaxed)
+    }
+
+    /// Waiters of `class` and every higher class: those a new request of `class` queues behind.
+    pub(crate) fn queued_at_or_above(&self, class: usize) -> usize {
+        (class..Priority::COUNT).map(|c| self.queued_in(c)).sum()
+    }
+
+    /// Waiters of every class.
+    pub(crate) fn queued(&self) -> usize {
+        self.queued_at_or_above(0)
+    }
+
+    /// Queues a waiter, then runs a pass (it may be granted at once).
+    ///
+    /// # Errors
+    /// `Closed`, `QueueFull` (its class holds `queue_capacity` waiters) or `TooLarge` (the budget shrank
+    /// below it since it was validated). Nothing was queued.
+    pub(crate) fn enqueue(&self, res: Resources<'_>, new: NewWaiter) -> Result<Enqueued, Rejection> {
+        let class = new.class;
+        let mut wakes = WakeList::new();
+        let mut room = sync::lock(&self.room);
+        if room.closed {
+            return Err(Rejection::Closed);
+        }
+        if self.queued_in(class) >= self.queue_capacity {
+            let hint = capacity_hint(res.stats.hold.mean(), res.capacity.slots_used(), self.queued_in(class));
+            return Err(Rejection::QueueFull { retry_after: hint });
+        }
+        fits(res, new.kv, new.tenant.as_deref())?;
+        let key = room.waiters.insert(Waiter::new(class, new.kv, new.deadline, new.notify));
+        let flow_key = new.tenant.as_ref().map_or(FlowKey::Anonymous, |t| t.core().flow);
+        let Room { waiters, classes, .. } = &mut *room;
+        if classes[class].push(waiters, key.index(), flow_key, new.tenant.as_ref()) {
+            // Invariant 1: the bit before any attempt to grant.
+            res.capacity.hold_back(class);
+        }
+        self.count(class, new.tenant.as_deref(), 1);
+        let deadline_added = (new.deadline != u64::MAX).then(|| room.deadlines.push(new.deadline, key));
+        if deadline_added.is_some() {
+            let Room { waiters, deadlines, .. } = &mut *room;
+            deadlines.compact_if_grown(|k| waiters.lookup(k).is_some_and(|w| w.state == WaitState::Waiting));
+        }
+        room = self.run_passes(res, room, &mut wakes);
+        let granted = room.waiters.get(key.index()).state == WaitState::Granted;
+        if granted {
+            room.waiters.remove(key);
+        }
+        drop(room);
+        self.wake(res, &mut wakes);
+        Ok(if granted { Enqueued::Granted } else { Enqueued::Waiting { key, deadline_added } })
+    }
+
+    /// Looks at a waiter for its owner: `None` while it waits (after registering `waker`), or how its
+    /// wait ended (its entry is then gone). A waiter whose deadline is at or before `now` ends `TimedOut`.
+    pub(crate) fn poll(&self, res: Resources<'_>, key: WaiterKey, now: u64, waker: Option<&Waker>) -> Option<Outcome> {
+        let mut wakes = WakeList::new();
+        let mut room = sync::lock(&self.room);
+        let waiter = room.waiters.get_mut(key.index());
+        let outcome = match waiter.state {
+            WaitState::Waiting if now < waiter.deadline => {
+                if let Some(waker) = waker {
+                    waiter.notify.update(waker);
+                }
+                return None;
+            }
+            WaitState::Waiting => {
+                let _ = room.leave(res, self, key.index(), WaitState::TimedOut);
+                // It may have been the head holding others back.
+                room = self.run_passes(res, room, &mut wakes);
+                Outcome::Ended(Rejection::TimedOut)
+            }
+            state => outcome_of(state, waiter.kv),
+        };
+        room.waiters.remove(key);
+        drop(room);
+        self.wake(res, &mut wakes);
+        Some(outcome)
+    }
+
+    /// The owner stopped waiting (its future was dropped, its thread unwound): removes the entry and
+    /// gives back a grant it never collected. Returns true if it was granted (the caller refunds its rate
+    /// charges either way).
+    pub(crate) fn cancel(&self, res: Resources<'_>, key: WaiterKey, tenant: Option<&Arc<dyn TenantHandle>>) -> bool {
+        let mut wakes = WakeList::new();
+        let mut room = sync::lock(&self.room);
+        let waiter = room.waiters.get(key.index());
+        let (state, kv) = (waiter.state, waiter.kv);
+        let granted = state == WaitState::Granted;
+        match state {
+            WaitState::Waiting => {
+                // Its own wake-up is not needed: its owner is the one leaving. The entry is removed below.
+                let _ = room.leave(res, self, key.index(), WaitState::Closed);
+            }
+            WaitState::Granted => {
+                // The reservation goes to the next waiter: return it under the lock, then pass.
+                let _ = res.capacity.release(kv);
+                if let Some(tenant) = tenant {
+                    let core = tenant.core();
+                    if core.capacity.release(core.kv_units(kv)) {
+                        room.unpark(res, tenant.as_ref());
+                    }
+                }
+            }
+            _ => {}
+        }
+        room.waiters.remove(key);
+        if state == WaitState::Waiting || granted {
+            room = self.run_passes(res, room, &mut wakes);
+        }
+        drop(room);
+        self.wake(res, &mut wakes);
+        granted
+    }
+
+    /// Runs a pass after capacity was returned and a `HELD_BACK` bit was seen; `unpark` is a tenant that
+    /// returned room while some of its waiters were parked.
+    pub(crate) fn dispatch(&self, res: Resources<'_>, unpark: Option<&dyn TenantHandle>) {
+        let mut wakes = WakeList::new();
+        let mut room = sync::lock(&self.room);
+        if let Some(tenant) = unpark {
+            room.unpark(res, tenant);
+        }
+        room = self.run_passes(res, room, &mut wakes);
+        drop(room);
+        self.wake(res, &mut wakes);
+    }
+
+    /// Closes the room: every waiter ends `Closed`, nothing is granted from now on (invariant 4).
+    pub(crate) fn close(&self, res: Resources<'_>) {
+        let mut wakes = WakeList::new();
+        let mut room = sync::lock(&self.room);
+        room.closed = true;
+        res.capacity.close();
+        let keys = room.waiters.waiting_keys();
+        for key in keys {
+            if wakes.is_full() {
+                drop(room);
+                self.wake(res, &mut wakes);
+                room = sync::lock(&self.room);
+            }
+            if room.waiters.lookup(key).is_some_and(|w| w.state == WaitState::Waiting) {
+                if let Some(wake) = room.leave(res, self, key.index(), WaitState::Closed) {
+                    wakes.push(wake);
+                }
+            }
+        }
+        for class in 0..Priority::COUNT {
+            res.capacity.clear_held_back(class);
+        }
+        drop(room);
+        self.wake(res, &mut wakes);
+    }
+
+    /// After the KV budget changed: waiters that no longer fit it (or their tenant's share of it) end
+    /// `TooLarge` (invariant 5), then a pass grants what fits now.
+    pub(crate) fn resized(&self, res: Resources<'_>) {
+        let mut wakes = WakeList::new();
+        let mut room = sync::lock(&self.room);
+        for key in room.waiters.waiting_keys() {
+            if wakes.is_full() {
+                drop(room);
+                self.wake(res, &mut wakes);
+                room = sync::lock(&self.room);
+            }
+            let Some(waiter) = room.waiters.lookup(key) else { continue };
+            if waiter.state != WaitState::Waiting {
+                continue;
+            }
+            let (class, flow, kv) = (waiter.class, waiter.flow, waiter.kv);
+            let tenant = room.classes[class].tenant(flow).cloned();
+            if let Err(Rejection::TooLarge { limit, capacity, .. }) = fits(res, kv, tenant.as_deref()) {
+                if let Some(wake) = room.leave(res, self, key.index(), WaitState::TooLarge { limit, capacity }) {
+                    wakes.push(wake);
+                }
+            }
+        }
+        room = self.run_passes(res, room, &mut wakes);
+        drop(room);
+        self.wake(res, &mut wakes);
+    }
+
+    /// Ends every wait whose deadline is at or before `now`, then runs a pass. Returns how many ended and
+    /// the next pending deadline.
+    pub(crate) fn expire(&self, res: Resources<'_>, now: u64) -> (usize, Option<u64>) {
+        let mut wakes = WakeList::new();
+        let mut room = sync::lock(&self.room);
+        let mut ended = 0;
+        while let Some(key) = room.deadlines.pop_expired(now) {
+            if wakes.is_full() {
+                drop(room);
+                self.wake(res, &mut wakes);
+                room = sync::lock(&self.room);
+            }
+            if room.waiters.lookup(key).is_some_and(|w| w.state == WaitState::Waiting) {
+                if let Some(wake) = room.leave(res, self, key.index(), WaitState::TimedOut) {
+                    wakes.push(wake);
+                }
+                ended += 1;
+            }
+        }
+        if ended != 0 {
+            room = self.run_passes(res, room, &mut wakes);
+        }
+        let next = room.deadlines.next();
+        drop(room);
+        self.wake(res, &mut wakes);
+        (ended, next)
+    }
+
+    /// Runs passes until one completes, releasing the lock to wake each full batch.
+    fn run_passes<'a>(
+        &'a self,
+        res: Resources<'_>,
+        mut room: MutexGuard<'a, Room>,
+        wakes: &mut WakeList,
+    ) -> MutexGuard<'a, Room> {
+        while room.pass(res, self, wakes) {
+            drop(room);
+            self.wake(res, wakes);
+            room = sync::lock(&self.room);
+        }
+        room
+    }
+
+    /// Runs collected wake-ups (no lock held), counting panicking wakers.
+    fn wake(&self, res: Resources<'_>, wakes: &mut WakeList) {
+        if !wakes.is_empty() {
+            for _ in 0..wakes.wake_all() {
+                res.stats.count_waker_panic();
+            }
+        }
+    }
+
+    /// Counts waiters of `class` in or out (under the lock).
+    fn count(&self, class: usize, tenant: Option<&dyn TenantHandle>, delta: i64) {
+        if delta > 0 {
+            self.queued[class].fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.queued[class].fetch_sub(1, Ordering::Relaxed);
+        }
+        if let Some(tenant) = tenant {
+            tenant.core().add_queued(delta);
+        }
+    }
+}
+
+/// Whether a waiter of `kv` units fits the KV budget and its tenant's share of it.
+fn fits(res: Resources<'_>, kv: u64, tenant: Option<&dyn TenantHandle>) -> Result<(), Rejection> {
+    let budget = res.kv_limit.get();
+    if kv > budget {
+        return Err(Rejection::TooLarge { limit: Limit::KvBudget, requested: kv, capacity: budget });
+    }
+    tenant.map_or(Ok(()), |t| t.core().fits_share(kv, budget))
+}
+
+/// The rejection (or grant) a resolved state stands for.
+fn outcome_of(state: WaitState, kv: u64) -> Outcome {
+    match state {
+        WaitState::Granted => Outcome::Granted,
+        WaitState::TimedOut | WaitState::Waiting => Outcome::Ended(Rejection::TimedOut),
+        WaitState::Closed => Outcome::Ended(Rejection::Closed),
+        WaitState::TooLarge { limit, capacity } => {
+            Outcome::Ended(Rejection::TooLarge { limit, requested: kv, capacity })
+        }
+    }
+}
+
+impl Room {
+    /// Moves a `Waiting` waiter to `to` (not `Granted`): unlinks it from its flow and uncounts it.
+    /// Returns its wake-up (for waiters that others end: close, resize, expiry).
+    fn leave(&mut self, res: Resources<'_>, d: &Dispatcher, index: u32, to: WaitState) -> Option<super::waiter::Wake> {
+        let (class, flow) = {
+            let w = self.waiters.get(index);
+            debug_assert_eq!(w.state, WaitState::Waiting);
+            (w.class, w.flow)
+        };
+        let tenant = self.classes[class].tenant(flow).cloned();
+        let left = self.classes[class].remove(&mut self.waiters, index);
+        if left.emptied && left.was_parked {
+            if let Some(tenant) = &tenant {
+                tenant.core().capacity.clear_held_back(class);
+            }
+        }
+        d.count(class, tenant.as_deref(), -1);
+        if self.classes[class].ring_is_empty() {
+            res.capacity.clear_held_back(class);
+        }
+        let waiter = self.waiters.get_mut(index);
+        waiter.state = to;
+        waiter.notify.take()
+    }
+
+    /// A tenant returned room: its parked flows go back into their rings.
+    fn unpark(&mut self, res: Resources<'_>, tenant: &dyn TenantHandle) {
+        let core = tenant.core();
+        for class in 0..Priority::COUNT {
+            if !core.capacity.is_held_back(class) {
+                continue;
+            }
+            if let Some(flow) = self.classes[class].find(core.flow) {
+                // Invariant 1: the class bit before the flow is eligible.
+                res.capacity.hold_back(class);
+                self.classes[class].unpark(flow);
+            }
+            core.capacity.clear_held_back(class);
+        }
+    }
+
+    /// One pass: grant waiters in priority order — fairly across flows within a class, in arrival order
+    /// within a flow — while capacity lasts. Returns true if it stopped because `wakes` is full (run it
+    /// again after waking them).
+    fn pass(&mut self, res: Resources<'_>, d: &Dispatcher, wakes: &mut WakeList) -> bool {
+        if self.closed {
+            return false;
+        }
+        let budget = res.kv_limit.get();
+        for priority in Priority::HIGHEST_FIRST {
+            let class = priority.index();
+            loop {
+                let Some((flow, index)) = self.classes[class].head() else {
+                    res.capacity.clear_held_back(class);
+                    break;
+                };
+                if wakes.is_full() {
+                    return true;
+                }
+                let kv = self.waiters.get(index).kv;
+                let tenant = self.classes[class].tenant(flow);
+                if let Some(core) = tenant.map(|t| t.core()) {
+                    let (tenant_kv, tenant_limit) = (core.kv_units(kv), core.kv_limit(budget));
+                    if core.capacity.try_take_for_waiter(tenant_kv, tenant_limit).is_err() {
+                        // Park, then look once more (invariant 2): a release between the failed take and
+                        // the bit did not see the bit, but its room is visible now.
+                        core.capacity.hold_back(class);
+                        if core.capacity.try_take_for_waiter(tenant_kv, tenant_limit).is_err() {
+                            self.classes[class].park_front();
+                            continue;
+                        }
+                        core.capacity.clear_held_back(class);
+                    }
+                }
+                if res.capacity.try_take_for_waiter(kv, budget).is_err() {
+                    if let Some(tenant) = self.classes[class].tenant(flow).cloned() {
+                        let core = tenant.core();
+                        if core.capacity.release(core.kv_units(kv)) {
+                            self.unpark(res, tenant.as_ref());
+                        }
+                    }
+                    // Global capacity is short (or closed): nobody passes this head.
+                    return false;
+                }
+                d.count(class, self.classes[class].tenant(flow).map(|t| t.as_ref()), -1);
+                self.classes[class].remove(&mut self.waiters, index);
+                self.classes[class].count_grant(flow);
+                let waiter = self.waiters.get_mut(index);
+                waiter.state = WaitState::Granted;
+                if let Some(wake) = waiter.notify.take() {
+                    wakes.push(wake);
+                }
+            }
+        }
+        false
+    }
+}

@@ -1,0 +1,173 @@
+//! Counters and estimates that steer hints and feed snapshots, kept off the hot cache lines.
+//!
+//! - Admissions are counted in a few cache-padded stripes, one chosen per thread, so that two threads
+//!   admitting at once do not bounce one counter line between them; a snapshot adds the stripes up.
+//! - Rejections are counted per [`Reason`] (one list, see `rejection.rs`).
+//! - [`HoldTime`] estimates how long a permit is held, for capacity retry hints: the exact mean of the
+//!   first samples, then an exponentially weighted mean, and a configured prior before any sample.
+
+use super::rejection::Reason;
+use crate::sync::{AtomicU64, CachePadded, Ordering};
+use std::time::Duration;
+
+/// Stripes of the admission counter.
+const STRIPES: usize = 4;
+
+/// Weight of a new sample in the hold-time mean once it has this many samples (1/8); before, every sample
+/// has weight `1/n`, so the first estimates are the plain mean of what was seen.
+const HOLD_EWMA_SAMPLES: u64 = 8;
+
+/// A mean hold time learned from samples.
+#[derive(Debug)]
+pub(crate) struct HoldTime {
+    mean_nanos: AtomicU64,
+    samples: AtomicU64,
+    prior_nanos: u64,
+}
+
+impl HoldTime {
+    pub(crate) fn new(prior: Duration) -> Self {
+        let prior_nanos = crate::clock::duration_to_nanos(prior).max(1);
+        Self { mean_nanos: AtomicU64::new(prior_nanos), samples: AtomicU64::new(0), prior_nanos }
+    }
+
+    /// Whether the estimate still takes every sample (few seen yet).
+    #[inline]
+    pub(crate) fn warming_up(&self) -> bool {
+        self.samples.load(Ordering::Relaxed) < HOLD_EWMA_SAMPLES
+    }
+
+    /// Feeds one observed hold time. Racing updates may lose a sample, which only slows learning.
+    pub(crate) fn record(&self, nanos: u64) {
+        let n = self.samples.fetch_add(1, Ordering::Relaxed) + 1;
+        let weight = n.min(HOLD_EWMA_SAMPLES);
+        let old = if n == 1 { nanos } else { self.mean_nanos.load(Ordering::Relaxed) };
+        // old + (sample - old) / weight, in signed arithmetic without overflow.
+        let new = if nanos >= old { old + (nanos - old) / weight } else { old - (old - nanos) / weight };
+        self.mean_nanos.store(new.max(1), Ordering::Relaxed);
+    }
+
+    /// The estimate: the prior until a sample arrived.
+    pub(crate) fn mean(&self) -> Duration {
+        if self.samples.load(Ordering::Relaxed) == 0 {
+            return Duration::from_nanos(self.prior_nanos);
+        }
+        Duration::from_nanos(self.mean_nanos.load(Ordering::Relaxed))
+    }
+}
+
+/// Bounds of every capacity retry hint.
+pub(crate) const MIN_HINT: Duration = Duration::from_millis(1);
+pub(crate) const MAX_HINT: Duration = Duration::from_secs(600);
+
+/// The time until capacity for one more request frees up with `ahead` requests before it, when
+/// `in_flight` permits are held for `mean_hold` each: they are released at about `in_flight / mean_hold`
+/// per second, and each of the `ahead` needs one release first. Within `[MIN_HINT, MAX_HINT]`.
+pub(crate) fn capacity_hint(mean_hold: Duration, in_flight: u64, ahead: usize) -> Duration {
+    let per_release = mean_hold.as_nanos() / u128::from(in_flight.max(1));
+    let nanos = per_release.saturating_mul(ahead as u128 + 1);
+    Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX)).clamp(MIN_HINT, MAX_HINT)
+}
+
+/// Monotonic statistics of one admission.
+#[derive(Debug)]
+pub(crate) struct Stats {
+    admitted: [CachePadded<AtomicU64>; STRIPES],
+    rejected: CachePadded<[AtomicU64; Reason::COUNT]>,
+    waker_panics: AtomicU64,
+    pub(crate) hold: HoldTime,
+}
+
+impl Stats {
+    pub(crate) fn new(expected_hold: Duration) -> Self {
+        Self {
+            admitted: std::array::from_fn(|_| CachePadded(AtomicU64::new(0))),
+            rejected: CachePadded(std::array::from_fn(|_| AtomicU64::new(0))),
+            waker_panics: AtomicU64::new(0),
+            hold: HoldTime::new(expected_hold),
+        }
+    }
+
+    /// Counts one admission; returns this thread's stripe count before it (a sequence for sampling).
+    #[inline]
+    pub(crate) fn count_admitted(&self) -> u64 {
+        self.admitted[stripe()].fetch_add(1, Ordering::Relaxed)
+    }
+
+    pub(crate) fn admitted(&self) -> u64 {
+        self.admitted.iter().map(|c| c.load(Ordering::Relaxed)).sum()
+    }
+
+    #[inline]
+    pub(crate) fn count_rejected(&self, reason: Reason) {
+        self.rejected[reason.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn rejected(&self) -> [u64; Reason::COUNT] {
+        std::array::from_fn(|i| self.rejected[i].load(Ordering::Relaxed))
+    }
+
+    pub(crate) fn count_waker_panic(&self) {
+        self.waker_panics.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn waker_panics(&self) -> u64 {
+        self.waker_panics.load(Ordering::Relaxed)
+    }
+}
+
+/// This thread's stripe: threads are numbered on first use, round-robin over the stripes.
+#[cfg(not(loom))]
+#[inline]
+fn stripe() -> usize {
+    use std::cell::Cell;
+    use std::sync::atomic::AtomicUsize;
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static STRIPE: Cell<usize> = const { Cell::new(usize::MAX) };
+    }
+    STRIPE.with(|s| {
+        let mut i = s.get();
+        if i == usize::MAX {
+            i = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % STRIPES;
+            s.set(i);
+        }
+        i
+    })
+}
+
+/// Under loom every thread counts in the first stripe (the counter is not what the models check).
+#[cfg(loom)]
+#[inline]
+fn stripe() -> usize {
+    0
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hold_time_is_the_mean_of_the_first_samples_then_an_average() {
+        let h = HoldTime::new(Duration::from_secs(5));
+        assert_eq!(h.mean(), Duration::from_secs(5));
+        h.record(2_000_000_000);
+        assert_eq!(h.mean(), Duration::from_secs(2));
+        h.record(4_000_000_000);
+        assert_eq!(h.mean(), Duration::from_secs(3));
+        for _ in 0..100 {
+            h.record(1_000_000_000);
+        }
+        assert!(h.mean() < Duration::from_millis(1_010));
+        assert!(!h.warming_up());
+    }
+
+    #[test]
+    fn capacity_hints_are_bounded_and_grow_with_the_queue() {
+        let mean = Duration::from_secs(2);
+        assert_eq!(capacity_hint(mean, 4, 0), Duration::from_millis(500));
+        assert_eq!(capacity_hint(mean, 4, 3), Duration::from_secs(2));
+        assert_eq!(capacity_hint(mean, 0, usize::MAX), MAX_HINT);
+        assert_eq!(capacity_hint(Duration::from_nanos(1), 1000, 0), MIN_HINT);
+    }
+}
