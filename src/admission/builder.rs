@@ -333,7 +333,13 @@ impl<C: Clock> AdmissionBuilder<C> {
         };
         Ok(Admission {
             shared: Arc::new(Shared {
-                core: Core::new(max_in_flight, kv_capacity, self.queue_capacity, self.expected_hold, self.deadline_timer),
+                core: Core::new(
+                    max_in_flight,
+                    kv_capacity,
+                    self.queue_capacity,
+                    self.expected_hold,
+                    self.deadline_timer,
+                ),
                 clock: self.clock,
                 kv_cost: self.kv_cost,
                 reservation: ReservationState::new(self.reservation),

@@ -238,13 +238,8 @@ impl<C: Clock> Shared<C> {
             self.refund(charges, tenant.as_deref());
             return Attempt::Refused(Rejection::TimedOut);
         }
-        let new = NewWaiter {
-            class: request.priority.index(),
-            kv,
-            deadline,
-            tenant: tenant.clone(),
-            notify: wait.notify,
-        };
+        let new =
+            NewWaiter { class: request.priority.index(), kv, deadline, tenant: tenant.clone(), notify: wait.notify };
         match self.core.dispatcher.enqueue(self.core.resources(), new) {
             Ok(Enqueued::Granted) => {
                 let now = self.clock.now_nanos();

@@ -124,4 +124,3 @@ impl ReservationState {
         self.mean_ratio.store(next.to_bits(), Ordering::Relaxed);
     }
 }
-

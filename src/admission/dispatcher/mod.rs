@@ -13,8 +13,8 @@
 mod fair;
 mod room;
 mod timer;
-mod wake_list;
 mod waiter;
+mod wake_list;
 
 pub(crate) use room::{Dispatcher, Enqueued, NewWaiter, Outcome, Resources};
 pub(crate) use timer::Timer;

@@ -26,8 +26,8 @@
 
 use super::fair::FairQueue;
 use super::timer::Deadlines;
-use super::wake_list::WakeList;
 use super::waiter::{Notify, Slab, WaitState, Waiter, WaiterKey};
+use super::wake_list::WakeList;
 use crate::Priority;
 use crate::admission::capacity::{Capacity, Limit as KvLimit};
 use crate::admission::stats::{Stats, capacity_hint};

@@ -158,11 +158,8 @@ mod thread {
                 }
                 Some(sleep) => {
                     let sleep = sleep.max(Duration::from_micros(50));
-                    let _ = inner.changed.wait_while_for(
-                        &mut state,
-                        |s| s.generation == generation && !s.shutdown,
-                        sleep,
-                    );
+                    let _ =
+                        inner.changed.wait_while_for(&mut state, |s| s.generation == generation && !s.shutdown, sleep);
                 }
             }
         }
