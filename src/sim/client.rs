@@ -1,11 +1,13 @@
 //! How clients behave when refused or kept waiting: how long they wait for a first token, and how they
 //! retry.
 //!
-//! A client makes at most [`ClientPolicy::max_tries`] tries of one request. A try ends badly when the
-//! gate or the engine refuses it (429/503, with or without a `Retry-After` hint) or when no first token
-//! came within [`ClientPolicy::first_token_timeout`] (the client then cancels it, which frees whatever it
-//! held, as vLLM aborts a request whose connection closed). After a bad try, the [`RetryKind`] says how
-//! long to wait; a refusal that retrying cannot cure (413, 400) ends the request at once.
+//! A client makes at most [`ClientPolicy::max_tries`] tries of one request, and its user gives up
+//! altogether when no first token came within [`ClientPolicy::give_up_after`] of the first try. A try
+//! ends badly when the gate or the engine refuses it (429/503, with or without a `Retry-After` hint) or
+//! when no first token came within [`ClientPolicy::first_token_timeout`] (the client then cancels it,
+//! which frees whatever it held, as vLLM aborts a request whose connection closed). After a bad try, the
+//! [`RetryKind`] says how long to wait; a refusal that retrying cannot cure (413, 400) ends the request
+//! at once, and so does a wait that would end after the user gave up.
 
 use crate::error::ConfigError;
 use crate::retry::{RetryPolicy, SplitMix64};
@@ -80,12 +82,21 @@ pub struct ClientPolicy {
     pub max_tries: u32,
     /// How long a try may go without a first token before the client cancels it.
     pub first_token_timeout: Duration,
+    /// How long the user waits for a first token in all, from the first try: no try starts after it,
+    /// and a try still without a first token then is cancelled.
+    pub give_up_after: Duration,
 }
 
 impl ClientPolicy {
-    /// `retry`, at most 5 tries, giving up on a try after 30 s without a first token.
+    /// `retry`, at most 5 tries, cancelling a try after 30 s without a first token, giving up after
+    /// 60 s without one.
     pub fn new(retry: RetryKind) -> Self {
-        Self { retry, max_tries: 5, first_token_timeout: Duration::from_secs(30) }
+        Self {
+            retry,
+            max_tries: 5,
+            first_token_timeout: Duration::from_secs(30),
+            give_up_after: Duration::from_secs(60),
+        }
     }
 
     /// Full jitter with a 250 ms base and an 8 s cap (the default of the scenarios).
@@ -97,7 +108,7 @@ impl ClientPolicy {
     ///
     /// # Errors
     ///
-    /// [`ConfigError::Zero`] for zero tries or a zero timeout, [`ConfigError::Conflict`] for a backoff
+    /// [`ConfigError::Zero`] for zero tries or a zero timeout or patience, [`ConfigError::Conflict`] for a backoff
     /// whose cap is below its base or whose base is zero.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.max_tries == 0 {
@@ -105,6 +116,9 @@ impl ClientPolicy {
         }
         if self.first_token_timeout.is_zero() {
             return Err(ConfigError::Zero { what: "client first-token timeout" });
+        }
+        if self.give_up_after.is_zero() {
+            return Err(ConfigError::Zero { what: "client give_up_after" });
         }
         if let RetryKind::Exponential { base, cap } | RetryKind::FullJitter { base, cap } = self.retry {
             if base.is_zero() || cap < base {

@@ -391,6 +391,42 @@ impl Engine {
         self.status
     }
 
+    /// A first estimate of the requests per second the engine sustains for requests of `mean_prompt`
+    /// and `mean_output` tokens, from the roofline alone (no queueing, no simulation):
+    ///
+    /// ```text
+    /// batch   = min(max_num_seqs, pool / bytes(mean_prompt + mean_output / 2))
+    /// decode  = step_time(batch × bytes(mean_prompt + mean_output / 2), batch)   one token for each
+    /// prefill = compute_time(mean_prompt × (1 − prefix_cache_hit))              per request
+    /// rate    = 1 / (prefill + mean_output × decode / batch)
+    /// ```
+    ///
+    /// Prefill and decode are counted one after the other (a mixed step overlaps them, so the real
+    /// figure can be somewhat higher). It defines "1× load" for overload experiments; the simulation
+    /// measures the truth.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use kvgate::kv::{GpuPlan, KvDtype, ModelSpec};
+    /// use kvgate::sim::{Engine, EngineConfig};
+    ///
+    /// let plan = GpuPlan::builder(ModelSpec::preset("llama-3.1-8b")?).gpu("h100-80").build()?;
+    /// let engine = Engine::new(&plan, EngineConfig::for_plan(&plan, KvDtype::Bf16)?)?;
+    /// let rate = engine.capacity_estimate(990.0, 320.0);
+    /// assert!((15.0..25.0).contains(&rate), "{rate}");
+    /// # Ok::<(), kvgate::ConfigError>(())
+    /// ```
+    pub fn capacity_estimate(&self, mean_prompt: f64, mean_output: f64) -> f64 {
+        let context = (mean_prompt + mean_output / 2.0).max(1.0).round() as u64;
+        let per_seq = self.sequence_bytes(context).max(1);
+        let batch = (self.pool_bytes() / per_seq).clamp(1, u64::from(self.config.max_num_seqs));
+        let decode = self.roofline.step_time(batch * per_seq, batch).as_secs_f64();
+        let prefill_tokens = (mean_prompt * (1.0 - self.config.prefix_cache_hit)).max(1.0).round() as u64;
+        let prefill = self.roofline.compute_time(prefill_tokens).as_secs_f64();
+        1.0 / (prefill + mean_output.max(1.0) * decode / batch as f64)
+    }
+
     /// Whether anything is waiting or running.
     pub fn has_work(&self) -> bool {
         self.status.waiting + self.status.running > 0

@@ -22,7 +22,7 @@
 use super::engine::{Engine, EngineStatus};
 use crate::clock::ManualClock;
 use crate::error::ConfigError;
-use crate::{Admission, Admit, Permit, Rejection, Request, TenantLimits};
+use crate::{Admission, Admit, Permit, Rejection, Request, Reservation, TenantLimits};
 use std::fmt;
 use std::time::Duration;
 
@@ -167,6 +167,8 @@ pub struct AdmissionSpec {
     pub request_rate: Option<(f64, u32)>,
     /// Limits of each tenant (every employee and the heavy user are tenants); `None`: tenants off.
     pub tenants: Option<TenantLimits>,
+    /// How much of `max_tokens` a KV reservation covers.
+    pub reservation: Reservation,
 }
 
 impl AdmissionSpec {
@@ -241,6 +243,7 @@ impl GateSpec {
             max_wait: Some(max_wait),
             request_rate: None,
             tenants: None,
+            reservation: Reservation::Full,
         })
     }
 
@@ -255,6 +258,7 @@ impl GateSpec {
             max_wait: None,
             request_rate: None,
             tenants: None,
+            reservation: Reservation::Full,
         })
     }
 
@@ -269,6 +273,7 @@ impl GateSpec {
             max_wait: Some(max_wait),
             request_rate: None,
             tenants: None,
+            reservation: Reservation::Full,
         })
     }
 
@@ -322,6 +327,7 @@ impl GateSpec {
         if let Some((rate, burst)) = spec.request_rate {
             builder = builder.request_rate(rate, burst);
         }
+        builder = builder.reservation(spec.reservation);
         if let Some(limits) = &spec.tenants {
             builder = builder.tenant_defaults(limits.clone());
         }

@@ -404,8 +404,9 @@ impl Lab<'_> {
         let Some(live) = self.live_at(key) else { return };
         live.tries += 1;
         let request = Request::new(live.prompt, max_new).tenant(live.tenant);
+        let give_up = live.first_try.saturating_add(nanos(self.client.give_up_after));
         self.tally.tries += 1;
-        let timeout = self.now.saturating_add(nanos(self.client.first_token_timeout));
+        let timeout = self.now.saturating_add(nanos(self.client.first_token_timeout)).min(give_up);
         self.push(timeout, EventKind::ClientTimeout(key));
         match self.gate.enter(&request) {
             Entry::Pass(permit) => self.to_engine(key, permit),
@@ -486,13 +487,15 @@ impl Lab<'_> {
         let Some(live) = self.slots[key.slot as usize].live.as_mut() else { return };
         live.phase = Phase::Backoff;
         let tries = live.tries;
+        let give_up = live.first_try.saturating_add(nanos(self.client.give_up_after));
         let (hint, retryable) = match end {
             TryEnd::Refused { hint, retryable } => (hint, retryable),
             TryEnd::TimedOut => (None, true),
         };
         let delay = if retryable { self.client.delay(tries, hint, &mut self.client_rng) } else { None };
-        match delay {
-            Some(delay) => self.push(self.now.saturating_add(nanos(delay)), EventKind::Try(next)),
+        let retry_at = delay.map(|delay| self.now.saturating_add(nanos(delay))).filter(|&at| at < give_up);
+        match retry_at {
+            Some(at) => self.push(at, EventKind::Try(next)),
             None => {
                 let failed = &mut self.tally.failed;
                 match end {

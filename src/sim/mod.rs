@@ -59,6 +59,8 @@ mod dist;
 mod engine;
 mod gate;
 mod lab;
+mod planner;
+pub mod plot;
 mod report;
 mod roofline;
 mod scenario;
@@ -71,6 +73,7 @@ pub use engine::{
     EngineStatus, SeqId,
 };
 pub use gate::{AdmissionGate, AdmissionSpec, Entry, Gate, GateContext, GateSpec, NoGate, Pricing};
+pub use planner::{Candidate, PlanRequest, Recommendation, plan};
 pub use report::{ClassReport, Failures, Percentiles, Report, TimeSeries, jain_index};
 pub use roofline::{DEFAULT_COMPUTE_EFFICIENCY, Hardware, Roofline};
 pub use scenario::{Scenario, Slo};
