@@ -118,7 +118,9 @@ pub struct TimeSeries {
     pub ttft_p90: Vec<f64>,
 }
 
-/// The measures of one run. `Debug` prints every field; two runs of the same scenario print the same.
+/// The measures of one run. `Debug` prints every field; two runs of the same scenario print the same
+/// (compare that text rather than with `==`: the TTFT series holds NaN for intervals without a first
+/// token, and NaN is unequal to itself).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Report {
     /// The scenario's name.
