@@ -187,7 +187,9 @@ fn the_planner_recommends_limits_that_meet_the_slo() {
     assert!(text.contains("employees that fit"), "{text}");
 }
 
-fn small_scenario(
+/// The knobs the proptest turns.
+#[derive(Debug, Clone, Copy)]
+struct Knobs {
     rate: f64,
     employees: Option<u32>,
     gate: u8,
@@ -198,7 +200,10 @@ fn small_scenario(
     seconds: u64,
     drain: u64,
     script: Option<u32>,
-) -> Scenario {
+}
+
+fn small_scenario(k: Knobs) -> Scenario {
+    let Knobs { rate, employees, gate, retry, max_num_seqs, queued, hit, seconds, drain, script } = k;
     let plan = GpuPlan::builder(ModelSpec::preset("llama-3.2-1b").unwrap()).gpu("l4").build().unwrap();
     let mut engine = EngineConfig::for_plan(&plan, KvDtype::Bf16).unwrap();
     engine.max_num_seqs = max_num_seqs;
@@ -253,7 +258,8 @@ proptest! {
         script in proptest::option::of(1u32..6),
         seed in any::<u64>(),
     ) {
-        let mut scenario = small_scenario(rate, employees, gate, retry, max_num_seqs, queued, hit, seconds, drain, script);
+        let knobs = Knobs { rate, employees, gate, retry, max_num_seqs, queued, hit, seconds, drain, script };
+        let mut scenario = small_scenario(knobs);
         scenario.seed = seed;
         let report = scenario.run().unwrap();
         prop_assert!(conserved(&report), "{report:?}");

@@ -1,41 +1,5 @@
 //! The engine model: one continuous-batching inference server, scheduled like vLLM's v1 scheduler, on a
 //! paged KV pool sized by a [`GpuPlan`], with step times from a [`Roofline`].
-//!
-//! # Scheduling (one step)
-//! Following `vllm/v1/core/sched/scheduler.py` (`Scheduler.schedule`):
-//!
-//! 1. **Running sequences first**, in the order they started. Each gets the tokens it still has to process
-//!    — one decode token, or the rest of its prompt (cut to the step's remaining token budget with
-//!    chunked prefill) — and the KV blocks those tokens need. When the pool cannot hold them, the *most
-//!    recently started* running sequence is preempted (vLLM's `self.running.pop()`), until the blocks fit
-//!    or the sequence preempted itself.
-//! 2. **Preemption is by recompute**: the victim frees all its blocks, forgets its computed tokens and
-//!    returns to the *front* of the waiting queue (`waiting.prepend_request`); when it runs again it
-//!    prefills its prompt and the tokens it had generated (already streamed to the client, so its time to
-//!    first token is not reset). Every preemption is counted.
-//! 3. **Waiting sequences** are admitted only in a step that preempted nobody, in FIFO order, while the
-//!    token budget lasts, fewer than `max_num_seqs` run, and the head's blocks fit; a head that does not
-//!    fit blocks those behind it (strict FIFO, as vLLM's FCFS policy).
-//!
-//! A sequence produces a token at the end of every step that completes its pending tokens: its first at
-//! the end of its prefill, then one per decode step. It finishes after its output length.
-//!
-//! # Invariants
-//! - **The pool is never over-committed**: bytes held by all sequences ≤ the pool, after every call
-//!   (blocks are taken only when they fit; preemption and finishing give them back).
-//! - **A sequence holds exactly the paged bytes of its computed tokens** (rounded up to whole blocks,
-//!   sliding layers capped at their window): what `kv::ModelSpec::kv_bytes_paged` says for one GPU.
-//! - **No sequence is lost**: each submitted sequence is waiting, running, finished (reported once) or
-//!   aborted.
-//! - **Progress**: `max_model_len` tokens of one sequence fit in the pool (checked when the engine is
-//!   built, as vLLM checks at start-up), so a sequence alone on the GPU always fits: preemption cannot
-//!   livelock.
-//!
-//! # Limits of the model
-//! The pool is counted in bytes per GPU with block granularity, not as a free list of block ids;
-//! prefix-cache hits skip prefill compute but their blocks are still counted for each sequence (an
-//! upper bound on memory: vLLM shares those blocks); there is no swapping to CPU, no speculative
-//! decoding, no priority scheduling inside the engine, and no KV-cache watermark.
 
 use super::roofline::{Hardware, Roofline};
 use crate::error::ConfigError;
@@ -240,7 +204,45 @@ struct Scheduled {
     tokens: u32,
 }
 
-/// A continuous-batching inference server in virtual time. See the [module docs](self).
+/// A continuous-batching inference server in virtual time.
+///
+/// # Scheduling (one step)
+/// Following `vllm/v1/core/sched/scheduler.py` (`Scheduler.schedule`):
+///
+/// 1. **Running sequences first**, in the order they started. Each gets the tokens it still has to process
+///    — one decode token, or the rest of its prompt (cut to the step's remaining token budget with
+///    chunked prefill) — and the KV blocks those tokens need. When the pool cannot hold them, the *most
+///    recently started* running sequence is preempted (vLLM's `self.running.pop()`), until the blocks fit
+///    or the sequence preempted itself.
+/// 2. **Preemption is by recompute**: the victim frees all its blocks, forgets its computed tokens and
+///    returns to the *front* of the waiting queue (`waiting.prepend_request`); when it runs again it
+///    prefills its prompt and the tokens it had generated (already streamed to the client, so its time to
+///    first token is not reset). Every preemption is counted.
+/// 3. **Waiting sequences** are admitted only in a step that preempted nobody, in FIFO order, while the
+///    token budget lasts, fewer than `max_num_seqs` run, and the head's blocks fit; a head that does not
+///    fit blocks those behind it (strict FIFO, as vLLM's FCFS policy).
+///
+/// A sequence produces a token at the end of every step that completes its pending tokens: its first at
+/// the end of its prefill, then one per decode step. It finishes after its output length.
+///
+/// # Invariants
+/// - **The pool is never over-committed**: bytes held by all sequences ≤ the pool, after every call
+///   (blocks are taken only when they fit; preemption and finishing give them back).
+/// - **A sequence holds exactly the paged bytes of its computed tokens** (rounded up to whole blocks,
+///   sliding layers capped at their window): what `kv::ModelSpec::kv_bytes_paged` says for one GPU.
+/// - **No sequence is lost**: each submitted sequence is waiting, running, finished (reported once) or
+///   aborted.
+/// - **Progress**: `max_model_len` tokens of one sequence fit in the pool (checked when the engine is
+///   built, as vLLM checks at start-up), so a sequence alone on the GPU always fits: preemption cannot
+///   livelock.
+///
+/// # Limits of the model
+/// The pool is counted in bytes per GPU with block granularity, not as a free list of block ids;
+/// prefix-cache hits skip prefill compute but their blocks are still counted for each sequence (an
+/// upper bound on memory: vLLM shares those blocks); there is no swapping to CPU, no speculative
+/// decoding, no priority scheduling inside the engine, and no KV-cache watermark.
+///
+/// # Driving it
 ///
 /// Drive it with [`submit`](Engine::submit) and [`abort`](Engine::abort), then alternately
 /// [`schedule`](Engine::schedule) (which says how long the next step takes) and

@@ -8,16 +8,6 @@
 //! per-tenant limits and fair queueing. A new admission policy (token-fair queueing, deadline shedding,
 //! adaptive limits) is judged by implementing [`Gate`] and running it with
 //! [`Scenario::run_with_gate`](super::Scenario::run_with_gate).
-//!
-//! # The contract
-//! - [`Gate::enter`] answers at once: pass (optionally with a [`Permit`] the lab holds until the request
-//!   leaves the engine), wait (an [`Admit`] future the lab polls with its own waker, and polls again when
-//!   woken or at the gate's [`max_wait`](Gate::max_wait)), or refuse (a [`Rejection`], whose hint the
-//!   client's retry policy honours).
-//! - The lab calls [`Permit::complete`] with the real output length when the request finishes, and
-//!   drops the permit or the future when the client gives up: the admission gets everything back.
-//! - Time comes from the [`ManualClock`] in the [`GateContext`], which the lab sets to every event's
-//!   time before calling the gate; a gate must not read any other clock.
 
 use super::engine::{Engine, EngineStatus};
 use crate::clock::ManualClock;
@@ -46,7 +36,17 @@ pub struct GateContext<'a> {
     pub engine: &'a Engine,
 }
 
-/// A pluggable admission strategy. See the [module docs](self) for the contract.
+/// A pluggable admission strategy over the real [`Admission`].
+///
+/// # The contract
+/// - [`Gate::enter`] answers at once: pass (optionally with a [`Permit`] the lab holds until the request
+///   leaves the engine), wait (an [`Admit`] future the lab polls with its own waker, and polls again when
+///   woken or at the gate's [`max_wait`](Gate::max_wait)), or refuse (a [`Rejection`], whose hint the
+///   client's retry policy honours).
+/// - The lab calls [`Permit::complete`] with the real output length when the request finishes, and
+///   drops the permit or the future when the client gives up: the admission gets everything back.
+/// - Time comes from the [`ManualClock`] in the [`GateContext`], which the lab sets to every event's
+///   time before calling the gate; a gate must not read any other clock.
 pub trait Gate: fmt::Debug {
     /// A short name for tables and plots.
     fn name(&self) -> &str;
@@ -181,7 +181,9 @@ impl AdmissionSpec {
     /// use kvgate::sim::GateSpec;
     /// use std::time::Duration;
     ///
-    /// let GateSpec::Admission(spec) = GateSpec::kv_admit(Some(48), 256, Duration::from_millis(1500)) else { unreachable!() };
+    /// let GateSpec::Admission(spec) = GateSpec::kv_admit(Some(48), 256, Duration::from_millis(1500)) else {
+    ///     unreachable!()
+    /// };
     /// assert_eq!(
     ///     spec.gateway_flags("llama-3.1-8b", "l4"),
     ///     "--model llama-3.1-8b --gpu l4 --max-in-flight 48 --queue 256 --max-queue-wait 1500ms"
@@ -227,14 +229,14 @@ pub enum GateSpec {
     /// [`NoGate`].
     None,
     /// An [`AdmissionGate`].
-    Admission(AdmissionSpec),
+    Admission(Box<AdmissionSpec>),
 }
 
 impl GateSpec {
     /// A count limit: `max_in_flight` requests, a queue of `queue` waiting at most `max_wait`, no KV
     /// model — a request-counting proxy in front of the engine.
     pub fn count_limit(max_in_flight: usize, queue: usize, max_wait: Duration) -> Self {
-        GateSpec::Admission(AdmissionSpec {
+        GateSpec::Admission(Box::new(AdmissionSpec {
             label: "count limit".into(),
             pricing: Pricing::Count,
             wait: true,
@@ -244,12 +246,12 @@ impl GateSpec {
             request_rate: None,
             tenants: None,
             reservation: Reservation::Full,
-        })
+        }))
     }
 
     /// kvgate `try_admit` pricing KV bytes against the engine's pool: refused at once when full.
     pub fn kv_try_admit() -> Self {
-        GateSpec::Admission(AdmissionSpec {
+        GateSpec::Admission(Box::new(AdmissionSpec {
             label: "kvgate try_admit".into(),
             pricing: Pricing::KvBytes,
             wait: false,
@@ -259,12 +261,12 @@ impl GateSpec {
             request_rate: None,
             tenants: None,
             reservation: Reservation::Full,
-        })
+        }))
     }
 
     /// kvgate `admit` pricing KV bytes, with a queue of `queue` waiting at most `max_wait`.
     pub fn kv_admit(max_in_flight: Option<usize>, queue: usize, max_wait: Duration) -> Self {
-        GateSpec::Admission(AdmissionSpec {
+        GateSpec::Admission(Box::new(AdmissionSpec {
             label: "kvgate admit".into(),
             pricing: Pricing::KvBytes,
             wait: true,
@@ -274,19 +276,19 @@ impl GateSpec {
             request_rate: None,
             tenants: None,
             reservation: Reservation::Full,
-        })
+        }))
     }
 
     /// [`kv_admit`](Self::kv_admit) with every employee (and the heavy user) a tenant under `limits`.
     pub fn kv_tenants(queue: usize, max_wait: Duration, limits: TenantLimits) -> Self {
-        GateSpec::Admission(AdmissionSpec {
+        GateSpec::Admission(Box::new(AdmissionSpec {
             label: "kvgate + tenants".into(),
             tenants: Some(limits),
             ..match Self::kv_admit(None, queue, max_wait) {
-                GateSpec::Admission(spec) => spec,
+                GateSpec::Admission(spec) => *spec,
                 GateSpec::None => unreachable!("kv_admit builds an admission spec"),
             }
-        })
+        }))
     }
 
     /// The name in tables and plots.

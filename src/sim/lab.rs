@@ -409,7 +409,7 @@ impl Lab<'_> {
         let timeout = self.now.saturating_add(nanos(self.client.first_token_timeout)).min(give_up);
         self.push(timeout, EventKind::ClientTimeout(key));
         match self.gate.enter(&request) {
-            Entry::Pass(permit) => self.to_engine(key, permit),
+            Entry::Pass(permit) => self.enter_engine(key, permit),
             Entry::Refuse(rejection) => self.try_failed(
                 key,
                 TryEnd::Refused { hint: rejection.retry_after(), retryable: rejection.is_retryable() },
@@ -439,7 +439,7 @@ impl Lab<'_> {
         };
         live.phase = Phase::Backoff;
         match result {
-            Ok(permit) => self.to_engine(key, Some(permit)),
+            Ok(permit) => self.enter_engine(key, Some(permit)),
             Err(rejection) => self.try_failed(
                 key,
                 TryEnd::Refused { hint: rejection.retry_after(), retryable: rejection.is_retryable() },
@@ -447,7 +447,7 @@ impl Lab<'_> {
         }
     }
 
-    fn to_engine(&mut self, key: Key, permit: Option<Permit>) {
+    fn enter_engine(&mut self, key: Key, permit: Option<Permit>) {
         let max_new = self.scenario.workload.max_new_tokens;
         let Some(live) = self.live_at(key) else { return };
         let (prompt, output) = (live.prompt, live.output);

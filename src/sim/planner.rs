@@ -4,16 +4,7 @@
 //! The KV planner ([`GpuPlan`]) says how many sequences fit in memory; this one says how many *people*
 //! fit at an acceptable latency, by simulation. For a model, a GPU and a number of employees arriving in
 //! a morning rush (the [`Workload::employees`] defaults: 60 s of mean think time, chat lengths), it
-//!
-//! 1. sweeps the kvgate gate's settings one at a time around a starting point (coordinate search):
-//!    `max_in_flight` (the engine's `max_num_seqs`, or half or a quarter of the full reservations the
-//!    KV pool holds), the longest queue wait (¼, ½, ¾ of the SLO), the queue size (one or two waits'
-//!    worth of the engine's estimated throughput, or one place per employee) and a global request rate
-//!    (none, or the estimated throughput);
-//! 2. keeps the setting with the best score: first whether the p99 TTFT meets the SLO *and* at most
-//!    [`PlanRequest::max_failure_ratio`] of the requests fail, then goodput, then the lower p99;
-//! 3. with the chosen limits, searches for the largest number of employees that still meets both
-//!    (doubling, then bisecting to within 2 %).
+//! sweeps the gate's settings in the simulator (see [`plan`]).
 //!
 //! Every probe is one deterministic simulation, so the same request gives the same recommendation.
 
@@ -164,7 +155,19 @@ impl fmt::Display for Recommendation {
     }
 }
 
-/// Runs the planner. See the [module docs](self).
+/// Runs the planner for `request`:
+///
+/// 1. sweeps the kvgate gate's settings one at a time around a starting point (coordinate search):
+///    `max_in_flight` (the engine's `max_num_seqs`, or half or a quarter of the full reservations the
+///    KV pool holds), the longest queue wait (¼, ½, ¾ of the SLO), the queue size (one or two waits'
+///    worth of the engine's estimated throughput, or one place per employee) and a global request rate
+///    (none, or the estimated throughput);
+/// 2. keeps the setting with the best score: first whether the p99 TTFT meets the SLO *and* at most
+///    [`PlanRequest::max_failure_ratio`] of the requests fail, then goodput, then the lower p99;
+/// 3. with the chosen limits, searches for the largest number of employees that still meets both
+///    (doubling, then bisecting to within 2 %).
+///
+/// Every probe is one deterministic simulation, so the same request gives the same recommendation.
 ///
 /// # Errors
 ///
@@ -207,13 +210,13 @@ pub fn plan(request: &PlanRequest) -> Result<Recommendation, ConfigError> {
     let queue_for = |wait: Duration, waits: f64| (throughput * wait.as_secs_f64() * waits).ceil() as usize + 1;
 
     let mut best = match GateSpec::kv_admit(None, queue_for(slo / 2, 1.0), slo / 2) {
-        GateSpec::Admission(spec) => spec,
+        GateSpec::Admission(spec) => *spec,
         GateSpec::None => unreachable!("kv_admit builds an admission spec"),
     };
     best.label = "kvgate (planned)".into();
     let mut candidates = Vec::new();
     let mut best_score = probe.score(&best, &mut candidates)?;
-    let dimensions: [&dyn Fn(&AdmissionSpec) -> Vec<AdmissionSpec>; 4] = [
+    let dimensions: [Sweep<'_>; 4] = [
         &|spec| {
             let mut out = vec![AdmissionSpec { max_in_flight: None, ..spec.clone() }];
             for n in [full_reservations / 2, full_reservations / 4] {
@@ -286,6 +289,9 @@ fn p99_draw(dist: &LengthDist, seed: u64) -> u32 {
     draws[draws.len() * 99 / 100]
 }
 
+/// One dimension of the search: the variants of a setting to try.
+type Sweep<'a> = &'a dyn Fn(&AdmissionSpec) -> Vec<AdmissionSpec>;
+
 /// A rate rounded to two significant decimals (so that flags read well).
 fn round_rate(rate: f64) -> f64 {
     if rate >= 10.0 { rate.round() } else { (rate * 100.0).round() / 100.0 }
@@ -331,7 +337,7 @@ impl Probe<'_> {
     fn run(&self, gate: &AdmissionSpec, users: u32) -> Result<Report, ConfigError> {
         let mut scenario =
             if users == self.request.users { self.base.clone() } else { base_scenario(self.request, users) };
-        scenario.gate = GateSpec::Admission(gate.clone());
+        scenario.gate = GateSpec::Admission(Box::new(gate.clone()));
         scenario.run()
     }
 

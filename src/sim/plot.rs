@@ -91,7 +91,7 @@ fn series_panel(
         r.series.t.iter().zip(metric(&r.series)).map(|(&t, &v)| (t, v)).filter(|(_, v)| v.is_finite()).collect()
     };
     if log {
-        let y_min = values().filter(|&v| v > 0.0).fold(f64::INFINITY, f64::min).min(0.1).max(1e-3);
+        let y_min = values().filter(|&v| v > 0.0).fold(f64::INFINITY, f64::min).clamp(1e-3, 0.1);
         let mut chart = builder.build_cartesian_2d(0.0..x_max, (y_min..y_max).log_scale())?;
         chart.configure_mesh().x_desc("time (s)").light_line_style(WHITE).draw()?;
         for (i, report) in reports.iter().enumerate() {

@@ -1,19 +1,5 @@
 //! Who sends what, and when: employees with think times or Poisson arrivals, shaped by a morning rush,
 //! with heavy-tailed prompt and answer lengths and an optional scripted heavy user.
-//!
-//! # Default parameters ([`Workload::chat`])
-//! Chosen to resemble a company's chat assistant, some prompts carrying a pasted document; they are
-//! assumptions to change, not measurements of a trace:
-//!
-//! | what | distribution |
-//! |---|---|
-//! | prompt | log-normal, median 600 tokens, σ = 1.0 (mean ≈ 990), clamped to 16..=12,000 |
-//! | answer | log-normal, median 250 tokens, σ = 0.7 (mean ≈ 320), clamped to 8..=`max_new_tokens` |
-//! | `max_tokens` asked | 1024 |
-//! | think time between an employee's requests | exponential, mean 60 s |
-//!
-//! The heavy user ([`HeavyUser::script`]) is a batch script with 16 parallel workers sending long
-//! prompts back to back (median 3,000 tokens, answers median 600).
 
 use super::dist::{self, LengthDist};
 use super::roofline::positive;
@@ -183,7 +169,21 @@ impl HeavyUser {
     }
 }
 
-/// The traffic of a scenario. See the [module docs](self) for the defaults.
+/// The traffic of a scenario.
+///
+/// # Default parameters ([`Workload::chat`])
+/// Chosen to resemble a company's chat assistant, some prompts carrying a pasted document; they are
+/// assumptions to change, not measurements of a trace:
+///
+/// | what | distribution |
+/// |---|---|
+/// | prompt | log-normal, median 600 tokens, σ = 1.0 (mean ≈ 990), clamped to 16..=12,000 |
+/// | answer | log-normal, median 250 tokens, σ = 0.7 (mean ≈ 320), clamped to 8..=`max_new_tokens` |
+/// | `max_tokens` asked | 1024 |
+/// | think time between an employee's requests | exponential, mean 60 s |
+///
+/// The heavy user ([`HeavyUser::script`]) is a batch script with 16 parallel workers sending long
+/// prompts back to back (median 3,000 tokens, answers median 600).
 ///
 /// # Examples
 ///
@@ -215,7 +215,7 @@ pub struct Workload {
 }
 
 impl Workload {
-    /// Chat traffic with the default lengths (see the [module docs](self)) from `arrivals`.
+    /// Chat traffic with the default lengths (see [`Workload`]) from `arrivals`.
     pub fn chat(arrivals: Arrivals) -> Self {
         Self {
             arrivals,
