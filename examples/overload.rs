@@ -11,8 +11,8 @@
 //! 1. **Overload**: a morning rush whose peak is 2× and 5× what the engine sustains, with no gate, a
 //!    request-count limit, kvgate `try_admit`, kvgate `admit` with a bounded queue and a max wait, and
 //!    kvgate with tenants. Clients retry with full jitter.
-//! 2. **Retries**: the 2× rush behind kvgate `admit`, with clients that retry immediately, after a fixed
-//!    delay, with exponential backoff, or with full jitter (at most 10 tries each).
+//! 2. **Retries**: the 2× rush behind kvgate `admit`, with clients that never retry, retry immediately,
+//!    after a fixed delay, with exponential backoff, or with full jitter (at most 100 tries each).
 //! 3. **A heavy user**: 200 employees, with and without one script keeping 64 long requests in flight,
 //!    behind kvgate without and with per-tenant limits.
 
@@ -155,7 +155,10 @@ fn run(args: &Args) -> Result<(), String> {
         }
         overload.push(reports);
     }
-    println!("1. A morning rush at 2x and 5x capacity (full-jitter clients, 5 tries, 30 s first-token timeout)\n");
+    println!(
+        "1. A morning rush at 2x and 5x capacity (full-jitter clients: 5 tries, a try cancelled after 30 s \
+         without a first token, giving up after 60 s)\n"
+    );
     println!("{}", Report::table(&overload.concat()));
 
     // 2. Retries.
@@ -174,7 +177,7 @@ fn run(args: &Args) -> Result<(), String> {
         s.client = ClientPolicy { max_tries: 100, ..ClientPolicy::new(kind) };
         retries.push(s.run().map_err(|e| e.to_string())?);
     }
-    println!("2. Retry policies in the 2x rush behind kvgate admit (at most 10 tries)\n");
+    println!("2. Retry policies in the 2x rush behind kvgate admit (at most 100 tries, giving up after 60 s)\n");
     println!("{}", Report::table(&retries));
 
     // 3. A heavy user.
@@ -246,7 +249,7 @@ fn bench(base: &Scenario, capacity: f64) -> Result<(), String> {
     let report = scenario.run().map_err(|e| e.to_string())?;
     let wall = (clock.now_nanos() - started) as f64 / 1e9;
     println!(
-        "{} requests ({} tries, {} engine tokens) simulated in {wall:.2} s: {:.0} requests per minute of wall time",
+        "{} requests ({} tries, {} tokens generated) simulated in {wall:.2} s: {:.0} requests per minute of wall time",
         report.arrived,
         report.tries,
         report.humans.tokens,
