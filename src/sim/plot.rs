@@ -192,8 +192,8 @@ pub fn ttft_cdf(reports: &[Report], title: &str, slo: f64) -> Result<String, Plo
 }
 
 /// Bars of tries per request (retry amplification), one per report, labelled with its client retry
-/// policy, each split into requests that needed 1, 2, 3–5 and more tries (shares of finished requests
-/// on the right axis are written on the bars).
+/// policy, with the shares of finished requests that needed 1, 2, 3–5 and 6 or more tries written
+/// above each bar.
 ///
 /// # Errors
 ///
@@ -211,7 +211,7 @@ pub fn tries_per_request(reports: &[Report], title: &str) -> Result<String, Plot
             .caption(title, (FONT, 20))
             .x_label_area_size(40)
             .y_label_area_size(60)
-            .build_cartesian_2d(-0.5..(n as f64 - 0.5), 0.0..y_max)?;
+            .build_cartesian_2d(-0.5..(n as f64 - 0.2), 0.0..y_max)?;
         chart
             .configure_mesh()
             .disable_x_mesh()
@@ -237,7 +237,7 @@ pub fn tries_per_request(reports: &[Report], title: &str) -> Result<String, Plot
                 100.0 * k as f64 / finished.max(1) as f64
             };
             let text = format!(
-                "{:.2} tries; 1: {:.0}%, 2: {:.0}%, 3-5: {:.0}%, 6+: {:.0}%",
+                "{:.2}: 1 try {:.0}%, 2: {:.0}%, 3-5: {:.0}%, 6+: {:.0}%",
                 report.tries_per_request,
                 share(0..1),
                 share(1..2),
@@ -247,7 +247,7 @@ pub fn tries_per_request(reports: &[Report], title: &str) -> Result<String, Plot
             let label_y = report.tries_per_request + y_max * 0.03;
             chart.draw_series(std::iter::once(Text::new(
                 text,
-                (x - 0.45, label_y),
+                (x - 0.42, label_y),
                 (FONT, 12).into_font().color(&BLACK),
             )))?;
         }
