@@ -98,14 +98,14 @@ fn series_panel(
             let points: Vec<(f64, f64)> = lines(report).into_iter().filter(|&(_, v)| v > 0.0).collect();
             draw_line(&mut chart, points, i, &report.gate)?;
         }
-        legend(&mut chart)
+        legend(&mut chart, SeriesLabelPosition::UpperRight)
     } else {
         let mut chart = builder.build_cartesian_2d(0.0..x_max, 0.0..y_max)?;
         chart.configure_mesh().x_desc("time (s)").light_line_style(WHITE).draw()?;
         for (i, report) in reports.iter().enumerate() {
             draw_line(&mut chart, lines(report), i, &report.gate)?;
         }
-        legend(&mut chart)
+        legend(&mut chart, SeriesLabelPosition::UpperRight)
     }
 }
 
@@ -127,14 +127,17 @@ where
     Ok(())
 }
 
-fn legend<'a, X, Y>(chart: &mut ChartContext<'a, SVGBackend<'a>, Cartesian2d<X, Y>>) -> Result<(), PlotError>
+fn legend<'a, X, Y>(
+    chart: &mut ChartContext<'a, SVGBackend<'a>, Cartesian2d<X, Y>>,
+    position: SeriesLabelPosition,
+) -> Result<(), PlotError>
 where
     X: Ranged<ValueType = f64>,
     Y: Ranged<ValueType = f64>,
 {
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
+        .position(position)
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK.mix(0.4))
         .label_font((FONT, 13))
@@ -179,13 +182,7 @@ pub fn ttft_cdf(reports: &[Report], title: &str, slo: f64) -> Result<String, Plo
                 .collect();
             draw_line(&mut chart, points, i, &report.gate)?;
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::LowerRight)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK.mix(0.4))
-            .label_font((FONT, 13))
-            .draw()?;
+        legend(&mut chart, SeriesLabelPosition::LowerRight)?;
         root.present()?;
     }
     Ok(svg)
