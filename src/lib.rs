@@ -15,6 +15,8 @@ mod telemetry;
 
 #[cfg(feature = "http-body")]
 pub mod http;
+#[cfg(feature = "sim")]
+pub mod sim;
 #[cfg(feature = "tower")]
 pub mod tower;
 

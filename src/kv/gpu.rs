@@ -1,113 +1,102 @@
-//! [`GpuPlan`]: how much KV cache one GPU (or one tensor-parallel group) holds for a model.
+//! [`Gpu`]: the hardware presets a [`GpuPlan`](crate::kv::GpuPlan) is sized for — memory, memory bandwidth
+//! and peak dense tensor throughput — from the vendors' datasheets.
+//!
+//! # Invariants
+//!
+//! - One table ([`GPUS`]) is the only list of presets; [`Gpu::names`], [`Gpu::preset`],
+//!   [`GpuPlan::gpu_names`](crate::kv::GpuPlan::gpu_names) and
+//!   [`GpuPlanBuilder::gpu`](crate::kv::GpuPlanBuilder::gpu) all read it.
+//! - Memory is the total `nvidia-smi` / `rocm-smi` reports (what vLLM's `gpu_memory_utilization` multiplies).
+//! - Bandwidth is in bytes per second (10^9 bytes per GB/s, as datasheets count). Throughput is dense
+//!   (no 2:4 structured sparsity) tensor-core FLOP/s: NVIDIA's datasheets print the sparse figure with an
+//!   asterisk and state that dense is half of it, so the tables below halve the printed value.
+//! - A card without fp8 tensor cores (Ampere) has no fp8 figure: [`Gpu::peak_flops`] returns `None` for it,
+//!   never a made-up number.
 
-use super::{KvDtype, ModelSpec};
+use std::fmt;
+
+use super::KvDtype;
 use crate::ConfigError;
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
+/// Datasheets count GB/s and TFLOPS in powers of ten.
+const GB: u64 = 1_000_000_000;
+const TFLOPS: u64 = 1_000_000_000_000;
 
-/// GPU presets: name and total memory as `nvidia-smi` / `rocm-smi` reports it.
-const GPUS: &[(&str, u64)] = &[
-    ("l4", 23_034 * MIB),
-    ("a10g", 23_028 * MIB),
-    ("rtx-4090", 24_564 * MIB),
-    ("a100-40", 40_960 * MIB),
-    ("l40s", 46_068 * MIB),
-    ("a100-80", 81_920 * MIB),
-    ("h100-80", 81_559 * MIB),
-    ("h200-141", 143_771 * MIB),
-    ("mi300x", 192 * GIB),
-];
-
-/// Default memory reserved for activations, CUDA graphs and the runtime, per GPU.
-pub const DEFAULT_RESERVE_BYTES: u64 = 2 * GIB;
-
-/// The KV-cache capacity of a model on one GPU or a tensor-parallel group of identical GPUs.
+/// A GPU: its memory, memory bandwidth and peak dense tensor throughput.
 ///
-/// Per GPU, the KV pool is what vLLM leaves to it:
-///
-/// ```text
-/// pool = floor(memory × memory_utilization) − weights / tp − reserve
-/// ```
-///
-/// and it cuts the pool into `pool // block_bytes` blocks, where a block holds `block_size` tokens in every
-/// layer that has a cache (vLLM's `available_memory // page_bytes` rule, with the page of each layer summed).
-/// Under tensor parallelism each GPU holds `kv_heads / tp` heads of every full and sliding layer (one head
-/// when `tp` exceeds `kv_heads`; an MLA latent is replicated on every GPU) and the same number of blocks, so a group of `tp` GPUs holds as many
-/// tokens as one of its GPUs.
+/// Look one up by the preset names [`GpuPlanBuilder::gpu`](crate::kv::GpuPlanBuilder::gpu) accepts. A
+/// decode step of a memory-bound server reads every active weight and the batch's KV cache once, so
+/// [`memory_bandwidth`](Self::memory_bandwidth) bounds decode speed; prefill is bounded by
+/// [`peak_flops`](Self::peak_flops) (about `2 × active_params` FLOPs per token).
 ///
 /// # Examples
 ///
 /// ```
-/// use kvgate::kv::{GpuPlan, KvDtype, ModelSpec};
+/// use kvgate::kv::{Gpu, KvDtype};
 ///
-/// let plan = GpuPlan::builder(ModelSpec::preset("gemma-3-27b")?)
-///     .gpu("h100-80")
-///     .build()?;
-/// // Pool: floor(79.6 GiB x 0.9) - 54.9 GB of bf16 weights - 2 GiB reserve = about 20 GB. A 32k sequence
-/// // holds 3.1 GB (52 of 62 layers slide over 1024 tokens); every layer full it would hold 16.6 GB.
-/// assert_eq!(plan.max_sequences(32_768), 6);
-/// assert_eq!(plan.kv_pool_bytes() / plan.model().kv_bytes_naive(32_768, KvDtype::Bf16), 1);
-/// assert_eq!(plan.kv_dtype(), KvDtype::Bf16);
+/// let h100 = Gpu::preset("h100-80")?;
+/// assert_eq!(h100.memory_bandwidth(), 3_350_000_000_000); // 3.35 TB/s
+/// assert_eq!(h100.peak_flops(KvDtype::Bf16), Some(989_400_000_000_000)); // 989.4 TFLOPS dense
+/// assert_eq!(h100.peak_flops(KvDtype::Fp8), Some(1_978_900_000_000_000));
+/// // Ampere has no fp8 tensor cores.
+/// assert_eq!(Gpu::preset("a100-80")?.peak_flops(KvDtype::Fp8), None);
 /// # Ok::<(), kvgate::ConfigError>(())
 /// ```
-#[derive(Debug, Clone, PartialEq)]
-pub struct GpuPlan {
-    model: ModelSpec,
-    shard: ModelSpec,
-    gpu: String,
-    gpu_memory_bytes: u64,
-    memory_utilization: f64,
-    weight_bytes: u64,
-    reserve_bytes: u64,
-    tensor_parallel: u32,
-    kv_dtype: KvDtype,
-    block_size: u32,
-    pool_per_gpu: u64,
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Gpu {
+    name: &'static str,
+    memory_bytes: u64,
+    memory_bandwidth: u64,
+    bf16_flops: u64,
+    fp8_flops: Option<u64>,
 }
 
-/// Builds a [`GpuPlan`]; see [`GpuPlan::builder`]. Settings are checked in [`build`](Self::build).
-#[derive(Debug, Clone)]
-pub struct GpuPlanBuilder {
-    model: ModelSpec,
-    gpu: Option<String>,
-    gpu_memory_bytes: Option<u64>,
-    memory_utilization: f64,
-    weight_bytes: Option<u64>,
-    weight_dtype: KvDtype,
-    reserve_bytes: u64,
-    tensor_parallel: u32,
-    kv_dtype: KvDtype,
-    block_size: u32,
-}
+/// The GPU presets, in the order [`Gpu::names`] lists them.
+///
+/// Sources (dense throughput is half the datasheet's sparse figure where only that is printed):
+///
+/// - `l4`: NVIDIA L4 datasheet — 24 GB GDDR6, 300 GB/s; BF16 242 and FP8 485 TFLOPS with sparsity.
+/// - `a10g`: the AWS variant of the A10 (g5 instances). Memory and bandwidth are the A10 datasheet's (24 GB
+///   GDDR6, 600 GB/s). NVIDIA publishes no A10G datasheet; its tensor throughput, 70 dense FP16/BF16 TFLOPS,
+///   is the figure AWS partners quote (the A10's datasheet says 125). Ampere: no fp8.
+/// - `rtx-4090`: NVIDIA Ada Lovelace architecture whitepaper, appendix table — 1008 GB/s; 165.2 dense
+///   BF16 TFLOPS and 330.3 dense FP8 TFLOPS, both with FP32 accumulate (GeForce runs those at half rate).
+/// - `a100-40`, `a100-80`: NVIDIA A100 datasheet, SXM — 1,555 GB/s (40 GB HBM2) and 2,039 GB/s (80 GB
+///   HBM2e); BF16 312 TFLOPS dense. Ampere: no fp8.
+/// - `l40s`: NVIDIA L40S datasheet — 48 GB GDDR6, 864 GB/s; BF16 362.05 and FP8 733 TFLOPS dense
+///   (733 and 1,466 with sparsity).
+/// - `h100-80`: NVIDIA H100 datasheet, SXM — 3.35 TB/s; BF16 1,979 and FP8 3,958 TFLOPS with sparsity; the
+///   Hopper architecture whitepaper gives the dense 989.4 and 1,978.9.
+/// - `h200-141`: NVIDIA H200 datasheet, SXM — 141 GB HBM3e, 4.8 TB/s; the same compute as H100 SXM.
+/// - `mi300x`: AMD Instinct MI300X datasheet — 192 GB HBM3, 5.3 TB/s; peak BF16 1,307.4 and FP8 2,614.9
+///   TFLOPS dense (twice that with sparsity).
+#[rustfmt::skip]
+const GPUS: &[Gpu] = &[
+    Gpu::new("l4",       23_034 * MIB,    300 * GB, 121 * TFLOPS,         Some(2_425 * TFLOPS / 10)),
+    Gpu::new("a10g",     23_028 * MIB,    600 * GB,  70 * TFLOPS,         None),
+    Gpu::new("rtx-4090", 24_564 * MIB,  1_008 * GB, 1_652 * TFLOPS / 10,  Some(3_303 * TFLOPS / 10)),
+    Gpu::new("a100-40",  40_960 * MIB,  1_555 * GB, 312 * TFLOPS,         None),
+    Gpu::new("l40s",     46_068 * MIB,    864 * GB, 36_205 * TFLOPS / 100, Some(733 * TFLOPS)),
+    Gpu::new("a100-80",  81_920 * MIB,  2_039 * GB, 312 * TFLOPS,         None),
+    Gpu::new("h100-80",  81_559 * MIB,  3_350 * GB, 9_894 * TFLOPS / 10,  Some(19_789 * TFLOPS / 10)),
+    Gpu::new("h200-141", 143_771 * MIB, 4_800 * GB, 9_894 * TFLOPS / 10,  Some(19_789 * TFLOPS / 10)),
+    Gpu::new("mi300x",   192 * GIB,     5_300 * GB, 13_074 * TFLOPS / 10, Some(26_149 * TFLOPS / 10)),
+];
 
-impl GpuPlan {
-    /// Starts a plan for `model`, with vLLM's defaults: `memory_utilization` 0.9, blocks of 16 tokens, a
-    /// bf16 cache, bf16 weights sized from the model's parameter count, no tensor parallelism, and
-    /// [`DEFAULT_RESERVE_BYTES`] for activations. A GPU (preset or memory size) must be given.
-    #[must_use]
-    pub fn builder(model: ModelSpec) -> GpuPlanBuilder {
-        GpuPlanBuilder {
-            model,
-            gpu: None,
-            gpu_memory_bytes: None,
-            memory_utilization: 0.9,
-            weight_bytes: None,
-            weight_dtype: KvDtype::Bf16,
-            reserve_bytes: DEFAULT_RESERVE_BYTES,
-            tensor_parallel: 1,
-            kv_dtype: KvDtype::Bf16,
-            block_size: 16,
-        }
+impl Gpu {
+    const fn new(
+        name: &'static str,
+        memory_bytes: u64,
+        memory_bandwidth: u64,
+        bf16_flops: u64,
+        fp8_flops: Option<u64>,
+    ) -> Gpu {
+        Gpu { name, memory_bytes, memory_bandwidth, bf16_flops, fp8_flops }
     }
 
-    /// GPU preset names accepted by [`GpuPlanBuilder::gpu`].
-    #[must_use]
-    pub fn gpu_names() -> Vec<&'static str> {
-        GPUS.iter().map(|&(name, _)| name).collect()
-    }
-
-    /// Total memory of the GPU preset `name` (ASCII case-insensitive), in bytes.
+    /// The preset called `name` (ASCII case-insensitive); see [`Gpu::names`].
     ///
     /// # Errors
     ///
@@ -116,338 +105,112 @@ impl GpuPlan {
     /// # Examples
     ///
     /// ```
-    /// assert_eq!(kvgate::kv::GpuPlan::gpu_memory("A100-80")?, 80 << 30);
+    /// use kvgate::kv::Gpu;
+    /// assert_eq!(Gpu::preset("MI300X")?.memory_bytes(), 192 << 30);
+    /// assert!(Gpu::preset("tpu-v5").is_err());
     /// # Ok::<(), kvgate::ConfigError>(())
     /// ```
-    pub fn gpu_memory(name: &str) -> Result<u64, ConfigError> {
-        GPUS.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|&(_, bytes)| bytes).ok_or_else(|| {
-            ConfigError::UnknownName { what: "GPU", name: name.to_owned(), known: Self::gpu_names().join(", ") }
+    pub fn preset(name: &str) -> Result<Gpu, ConfigError> {
+        GPUS.iter().find(|g| g.name.eq_ignore_ascii_case(name)).copied().ok_or_else(|| ConfigError::UnknownName {
+            what: "GPU",
+            name: name.to_owned(),
+            known: Self::names().join(", "),
         })
     }
 
-    /// The model planned for.
+    /// The names [`Gpu::preset`] accepts.
     #[must_use]
-    pub fn model(&self) -> &ModelSpec {
-        &self.model
+    pub fn names() -> Vec<&'static str> {
+        GPUS.iter().map(|g| g.name).collect()
     }
 
-    /// The share of the model one GPU holds: [`ModelSpec::tensor_parallel_shard`] of the model.
+    /// The preset's name.
     #[must_use]
-    pub fn per_gpu_model(&self) -> &ModelSpec {
-        &self.shard
+    pub const fn name(&self) -> &'static str {
+        self.name
     }
 
-    /// The GPU's name (the preset, or `"custom"`).
+    /// Total memory, bytes.
     #[must_use]
-    pub fn gpu(&self) -> &str {
-        &self.gpu
+    pub const fn memory_bytes(&self) -> u64 {
+        self.memory_bytes
     }
 
-    /// Total memory of one GPU, bytes.
+    /// Peak memory bandwidth, bytes per second.
     #[must_use]
-    pub fn gpu_memory_bytes(&self) -> u64 {
-        self.gpu_memory_bytes
+    pub const fn memory_bandwidth(&self) -> u64 {
+        self.memory_bandwidth
     }
 
-    /// Fraction of GPU memory the server may use.
-    #[must_use]
-    pub fn memory_utilization(&self) -> f64 {
-        self.memory_utilization
-    }
-
-    /// Weight bytes of the whole model (across all tensor-parallel GPUs).
-    #[must_use]
-    pub fn weight_bytes(&self) -> u64 {
-        self.weight_bytes
-    }
-
-    /// Memory reserved per GPU for activations and runtime, bytes.
-    #[must_use]
-    pub fn reserve_bytes(&self) -> u64 {
-        self.reserve_bytes
-    }
-
-    /// Tensor-parallel degree (number of GPUs).
-    #[must_use]
-    pub fn tensor_parallel(&self) -> u32 {
-        self.tensor_parallel
-    }
-
-    /// Element type of the KV cache.
-    #[must_use]
-    pub fn kv_dtype(&self) -> KvDtype {
-        self.kv_dtype
-    }
-
-    /// Tokens per block.
-    #[must_use]
-    pub fn block_size(&self) -> u32 {
-        self.block_size
-    }
-
-    /// KV pool of one GPU, bytes.
-    #[must_use]
-    pub fn kv_pool_bytes_per_gpu(&self) -> u64 {
-        self.pool_per_gpu
-    }
-
-    /// KV pool of the whole tensor-parallel group: per-GPU pool × degree.
-    #[must_use]
-    pub fn kv_pool_bytes(&self) -> u64 {
-        self.pool_per_gpu.saturating_mul(u64::from(self.tensor_parallel))
-    }
-
-    /// Bytes of one block on one GPU: `block_size` tokens in every layer that has a cache.
-    #[must_use]
-    pub fn block_bytes_per_gpu(&self) -> u64 {
-        self.shard.block_bytes(self.kv_dtype, self.block_size)
-    }
-
-    /// Number of blocks: `pool_per_gpu // block_bytes_per_gpu` (vLLM's rule).
-    #[must_use]
-    pub fn num_blocks(&self) -> u64 {
-        self.pool_per_gpu / self.block_bytes_per_gpu().max(1)
-    }
-
-    /// Tokens the pool holds when every token is cached in every layer (short sequences, inside every
-    /// window): `num_blocks × block_size`. Sequences longer than a sliding window cost less per token; see
-    /// [`max_sequences`](Self::max_sequences).
-    #[must_use]
-    pub fn max_tokens(&self) -> u64 {
-        self.num_blocks().saturating_mul(u64::from(self.block_size))
-    }
-
-    /// Bytes one sequence of `tokens` tokens holds on each GPU, paged and window-aware.
-    #[must_use]
-    pub fn sequence_bytes_per_gpu(&self, tokens: u64) -> u64 {
-        self.shard.kv_bytes_paged(tokens, self.kv_dtype, self.block_size)
-    }
-
-    /// How many sequences of `context_tokens` tokens each fit at once (each rounded up to whole blocks, each
-    /// sliding layer holding at most its window). A context of 0 costs nothing: the answer is then `u64::MAX`.
-    #[must_use]
-    pub fn max_sequences(&self, context_tokens: u64) -> u64 {
-        match self.sequence_bytes_per_gpu(context_tokens) {
-            0 => u64::MAX,
-            per_seq => self.pool_per_gpu / per_seq,
-        }
-    }
-
-    /// How many users fit at once when their contexts average `average_context_tokens`.
+    /// Peak dense tensor-core throughput for matrix multiplications in `dtype`, FLOP/s.
     ///
-    /// Estimated as [`max_sequences`](Self::max_sequences) at the average. It does not overstate the
-    /// capacity: the bytes a sequence holds are concave in its length (windows cap them), so a mix of lengths
-    /// with this average holds at most as much as the same number of average-length sequences (up to the
-    /// rounding of each to whole blocks).
+    /// `Bf16` and `F16` give the 16-bit figure (equal on every preset), `Fp8` the 8-bit one (`None` on cards
+    /// without fp8 tensor cores). `F32` and llama.cpp's block-quantized types give `None`: their matrix
+    /// products run as 16-bit (llama.cpp dequantizes) or on CUDA cores, so no single datasheet figure
+    /// applies.
     #[must_use]
-    pub fn users_at_average_context(&self, average_context_tokens: u64) -> u64 {
-        self.max_sequences(average_context_tokens)
+    pub const fn peak_flops(&self, dtype: KvDtype) -> Option<u64> {
+        match dtype {
+            KvDtype::Bf16 | KvDtype::F16 => Some(self.bf16_flops),
+            KvDtype::Fp8 => self.fp8_flops,
+            KvDtype::F32 => None,
+        }
     }
 }
 
-impl GpuPlanBuilder {
-    /// A GPU preset by name (see [`GpuPlan::gpu_names`]); resolved in [`build`](Self::build).
-    #[must_use]
-    pub fn gpu(mut self, name: &str) -> Self {
-        self.gpu = Some(name.to_owned());
-        self
-    }
-
-    /// Total memory of one GPU in bytes, for a GPU without a preset (overrides [`gpu`](Self::gpu)'s size).
-    #[must_use]
-    pub fn gpu_memory_bytes(mut self, bytes: u64) -> Self {
-        self.gpu_memory_bytes = Some(bytes);
-        self
-    }
-
-    /// Fraction of GPU memory the server may use, in `(0, 1]` (vLLM's `--gpu-memory-utilization`, default
-    /// 0.9).
-    #[must_use]
-    pub fn memory_utilization(mut self, fraction: f64) -> Self {
-        self.memory_utilization = fraction;
-        self
-    }
-
-    /// Weight bytes of the whole model, overriding the estimate from the parameter count.
-    #[must_use]
-    pub fn weight_bytes(mut self, bytes: u64) -> Self {
-        self.weight_bytes = Some(bytes);
-        self
-    }
-
-    /// Element type of the weights when they are sized from the parameter count (default bf16).
-    #[must_use]
-    pub fn weight_dtype(mut self, dtype: KvDtype) -> Self {
-        self.weight_dtype = dtype;
-        self
-    }
-
-    /// Memory reserved per GPU for activations, CUDA graphs and runtime (default [`DEFAULT_RESERVE_BYTES`];
-    /// vLLM measures it with a profiling run).
-    #[must_use]
-    pub fn reserve_bytes(mut self, bytes: u64) -> Self {
-        self.reserve_bytes = bytes;
-        self
-    }
-
-    /// Tensor-parallel degree: GPUs the model is split across (default 1).
-    #[must_use]
-    pub fn tensor_parallel(mut self, degree: u32) -> Self {
-        self.tensor_parallel = degree;
-        self
-    }
-
-    /// Element type of the KV cache (default bf16).
-    #[must_use]
-    pub fn kv_dtype(mut self, dtype: KvDtype) -> Self {
-        self.kv_dtype = dtype;
-        self
-    }
-
-    /// Tokens per block (default 16, vLLM's default on CUDA).
-    #[must_use]
-    pub fn block_size(mut self, tokens: u32) -> Self {
-        self.block_size = tokens;
-        self
-    }
-
-    /// Checks the settings and computes the pool.
-    ///
-    /// # Errors
-    ///
-    /// - [`ConfigError::UnknownName`] for an unknown GPU preset;
-    /// - [`ConfigError::Conflict`] when neither a GPU nor its memory was given, when weights are neither given nor derivable (no parameter count), when the
-    ///   weights and reserve leave no memory for the KV cache, when not even one block fits, or when the
-    ///   tensor-parallel degree neither divides nor is a multiple of the KV heads;
-    /// - [`ConfigError::OutOfRange`] for a `memory_utilization` outside `(0, 1]`;
-    /// - [`ConfigError::Zero`] for a block size, GPU memory or tensor-parallel degree of 0.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use kvgate::{ConfigError, kv::{GpuPlan, ModelSpec}};
-    /// let spec = ModelSpec::preset("llama-3.1-70b")?;
-    /// // 141 GB of bf16 weights do not fit on one 80 GB card.
-    /// let err = GpuPlan::builder(spec.clone()).gpu("h100-80").build().unwrap_err();
-    /// assert!(matches!(err, ConfigError::Conflict(_)));
-    /// assert!(GpuPlan::builder(spec).gpu("h100-80").tensor_parallel(4).build().is_ok());
-    /// # Ok::<(), kvgate::ConfigError>(())
-    /// ```
-    pub fn build(self) -> Result<GpuPlan, ConfigError> {
-        let gpu = self.gpu.unwrap_or_else(|| "custom".to_owned());
-        let gpu_memory_bytes = match self.gpu_memory_bytes {
-            Some(bytes) => bytes,
-            None if gpu == "custom" => {
-                return Err(ConfigError::Conflict(
-                    "no GPU given: set a GPU preset with .gpu(name) or its memory with .gpu_memory_bytes(bytes)".into(),
-                ));
-            }
-            None => GpuPlan::gpu_memory(&gpu)?,
-        };
-        if gpu_memory_bytes == 0 {
-            return Err(ConfigError::Zero { what: "GPU memory" });
+impl fmt::Display for Gpu {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} ({:.0} GiB, {:.0} GB/s, {:.0} dense BF16 TFLOPS",
+            self.name,
+            self.memory_bytes as f64 / GIB as f64,
+            self.memory_bandwidth as f64 / GB as f64,
+            self.bf16_flops as f64 / TFLOPS as f64
+        )?;
+        match self.fp8_flops {
+            Some(fp8) => write!(f, ", {:.0} FP8)", fp8 as f64 / TFLOPS as f64),
+            None => f.write_str(", no FP8)"),
         }
-        if self.block_size == 0 {
-            return Err(ConfigError::Zero { what: "block size" });
-        }
-        let util = self.memory_utilization;
-        if !(util > 0.0 && util <= 1.0) {
-            return Err(ConfigError::OutOfRange {
-                what: "memory_utilization",
-                reason: format!("{util} is outside (0, 1]; vLLM's default is 0.9"),
-            });
-        }
-        let shard = self.model.tensor_parallel_shard(self.tensor_parallel)?;
-        let tp = u64::from(self.tensor_parallel);
-        let weight_bytes = match (self.weight_bytes, self.model.params()) {
-            (Some(bytes), _) => bytes,
-            (None, Some(params)) => params.saturating_mul(self.weight_dtype.bytes()),
-            (None, None) => {
-                return Err(ConfigError::Conflict(format!(
-                    "the weight size of {} is unknown (no parameter count): set .weight_bytes(bytes)",
-                    self.model.name()
-                )));
-            }
-        };
-        // f64 holds every realistic memory size exactly enough (GPU sizes are far below 2^53 bytes).
-        let usable = (gpu_memory_bytes as f64 * util).floor() as u64;
-        let taken = weight_bytes.div_ceil(tp).saturating_add(self.reserve_bytes);
-        let pool_per_gpu = usable.checked_sub(taken).filter(|&p| p > 0).ok_or_else(|| {
-            ConfigError::Conflict(format!(
-                "weights ({:.1} GiB per GPU) plus reserve ({:.1} GiB) exceed the usable memory ({:.1} GiB = \
-                 {:.1} GiB x {util}); use more GPUs (tensor parallelism), smaller weights, or a larger GPU",
-                gib(weight_bytes.div_ceil(tp)),
-                gib(self.reserve_bytes),
-                gib(usable),
-                gib(gpu_memory_bytes),
-            ))
-        })?;
-        let block = shard.block_bytes(self.kv_dtype, self.block_size);
-        if pool_per_gpu < block {
-            return Err(ConfigError::Conflict(format!(
-                "the KV pool ({pool_per_gpu} bytes per GPU) is smaller than one block ({block} bytes)"
-            )));
-        }
-        Ok(GpuPlan {
-            model: self.model,
-            shard,
-            gpu,
-            gpu_memory_bytes,
-            memory_utilization: util,
-            weight_bytes,
-            reserve_bytes: self.reserve_bytes,
-            tensor_parallel: self.tensor_parallel,
-            kv_dtype: self.kv_dtype,
-            block_size: self.block_size,
-            pool_per_gpu,
-        })
     }
-}
-
-fn gib(bytes: u64) -> f64 {
-    bytes as f64 / GIB as f64
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn llama8b() -> GpuPlanBuilder {
-        GpuPlan::builder(ModelSpec::preset("llama-3.1-8b").unwrap()).gpu("a100-80")
+    #[test]
+    fn presets_are_consistent() {
+        for name in Gpu::names() {
+            let gpu = Gpu::preset(name).unwrap();
+            assert_eq!(gpu.name(), name);
+            let bf16 = gpu.peak_flops(KvDtype::Bf16).unwrap();
+            assert_eq!(gpu.peak_flops(KvDtype::F16), Some(bf16));
+            // Where a card has fp8, it runs about twice its 16-bit rate (the L40S datasheet: 733 vs 362.05).
+            if let Some(fp8) = gpu.peak_flops(KvDtype::Fp8) {
+                assert!(fp8 * 10 >= bf16 * 19 && fp8 * 10 <= bf16 * 21, "{name}");
+            }
+            assert!(gpu.memory_bandwidth() > 100 * GB && gpu.memory_bytes() > 16 * GIB);
+        }
+        let names = Gpu::names();
+        let mut unique = names.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), names.len());
     }
 
     #[test]
-    fn pool_follows_the_formula() {
-        let plan = llama8b().build().unwrap();
-        // floor(80 GiB x 0.9) - 8_030_261_248 x 2 - 2 GiB
-        let usable = (81_920.0 * MIB as f64 * 0.9).floor() as u64;
-        assert_eq!(plan.kv_pool_bytes(), usable - 16_060_522_496 - 2 * GIB);
-        // A block: 16 tokens x 32 layers x 2 x 8 x 128 x 2 bytes = 2 MiB.
-        assert_eq!(plan.block_bytes_per_gpu(), 2 * MIB);
-        assert_eq!(plan.num_blocks(), plan.kv_pool_bytes() / (2 * MIB));
-        assert_eq!(plan.max_tokens(), plan.num_blocks() * 16);
-        assert_eq!(plan.max_sequences(8192), plan.kv_pool_bytes() / (8192 * 131_072));
-    }
-
-    #[test]
-    fn invalid_settings_are_refused() {
-        assert!(matches!(llama8b().memory_utilization(0.0).build(), Err(ConfigError::OutOfRange { .. })));
-        assert!(matches!(llama8b().memory_utilization(1.5).build(), Err(ConfigError::OutOfRange { .. })));
-        assert!(matches!(llama8b().memory_utilization(f64::NAN).build(), Err(ConfigError::OutOfRange { .. })));
-        assert!(matches!(llama8b().gpu("tpu").build(), Err(ConfigError::UnknownName { .. })));
-        assert!(matches!(llama8b().tensor_parallel(3).build(), Err(ConfigError::Conflict(_))));
-        assert!(matches!(llama8b().tensor_parallel(0).build(), Err(ConfigError::Zero { .. })));
-        assert!(matches!(llama8b().block_size(0).build(), Err(ConfigError::Zero { .. })));
-        assert!(matches!(llama8b().weight_bytes(u64::MAX).build(), Err(ConfigError::Conflict(_))));
-        let no_params = ModelSpec::builder("x").full(1, 1, 1).build().unwrap();
-        assert!(matches!(GpuPlan::builder(no_params).gpu("l4").build(), Err(ConfigError::Conflict(_))));
-    }
-
-    #[test]
-    fn tensor_parallel_keeps_tokens_and_multiplies_pool() {
-        let spec = ModelSpec::preset("llama-3.1-8b").unwrap();
-        let plan = GpuPlan::builder(spec).gpu("l4").tensor_parallel(2).build().unwrap();
-        assert_eq!(plan.kv_pool_bytes(), 2 * plan.kv_pool_bytes_per_gpu());
-        assert_eq!(plan.block_bytes_per_gpu(), MIB);
+    fn datasheet_figures() {
+        let l4 = Gpu::preset("l4").unwrap();
+        assert_eq!((l4.memory_bandwidth(), l4.peak_flops(KvDtype::Fp8)), (300 * GB, Some(242_500_000_000_000)));
+        assert_eq!(Gpu::preset("a10g").unwrap().peak_flops(KvDtype::Fp8), None);
+        assert_eq!(Gpu::preset("l40s").unwrap().peak_flops(KvDtype::Bf16), Some(362_050_000_000_000));
+        assert_eq!(Gpu::preset("h200-141").unwrap().memory_bandwidth(), 4_800_000_000_000);
+        assert_eq!(Gpu::preset("mi300x").unwrap().peak_flops(KvDtype::Fp8), Some(2_614_900_000_000_000));
+        assert_eq!(Gpu::preset("rtx-4090").unwrap().peak_flops(KvDtype::F32), None);
+        assert_eq!(
+            Gpu::preset("h100-80").unwrap().to_string(),
+            "h100-80 (80 GiB, 3350 GB/s, 989 dense BF16 TFLOPS, 1979 FP8)"
+        );
     }
 }

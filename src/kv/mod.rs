@@ -68,9 +68,11 @@ mod dtype;
 mod gpu;
 #[cfg(feature = "hf-config")]
 mod hf;
+mod plan;
 mod presets;
 mod spec;
 
 pub use dtype::KvDtype;
-pub use gpu::{DEFAULT_RESERVE_BYTES, GpuPlan, GpuPlanBuilder};
+pub use gpu::Gpu;
+pub use plan::{DEFAULT_RESERVE_BYTES, GpuPlan, GpuPlanBuilder};
 pub use spec::{LayerGroup, LayerKind, ModelSpec, ModelSpecBuilder, NoKvReason};

@@ -188,13 +188,14 @@ pub struct ModelSpec {
     name: String,
     groups: Vec<LayerGroup>,
     params: Option<u64>,
+    active_params: Option<u64>,
 }
 
 impl ModelSpec {
     /// Starts a hand-built spec called `name`.
     #[must_use]
     pub fn builder(name: impl Into<String>) -> ModelSpecBuilder {
-        ModelSpecBuilder { name: name.into(), groups: Vec::new(), params: None }
+        ModelSpecBuilder { name: name.into(), groups: Vec::new(), params: None, active_params: None }
     }
 
     /// The model's name (a preset name, the `model_type` of a parsed config, or what the builder was given).
@@ -247,6 +248,31 @@ impl ModelSpec {
     #[must_use]
     pub fn params(&self) -> Option<u64> {
         self.params
+    }
+
+    /// Parameters that take part in computing one token, when known: every parameter except the routed
+    /// experts a token does not select. Embedding tables count, as the model cards of Mixtral ("12.9B
+    /// active") and DeepSeek-V3 ("37B activated") count them; OpenAI's gpt-oss cards leave the input
+    /// embedding out ("3.6B active" for gpt-oss-20b, which counts 4.19B here).
+    ///
+    /// For a dense model (or a spec built without [`ModelSpecBuilder::active_params`]) this is
+    /// [`params`](Self::params). A decode step reads about this many weights; a token costs about twice this
+    /// many FLOPs.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use kvgate::kv::ModelSpec;
+    /// let mixtral = ModelSpec::preset("mixtral-8x7b")?;
+    /// assert_eq!(mixtral.params(), Some(46_702_792_704));
+    /// assert_eq!(mixtral.active_params(), Some(12_879_925_248)); // 2 of 8 experts per token
+    /// let llama = ModelSpec::preset("llama-3.1-8b")?;
+    /// assert_eq!(llama.active_params(), llama.params());
+    /// # Ok::<(), kvgate::ConfigError>(())
+    /// ```
+    #[must_use]
+    pub fn active_params(&self) -> Option<u64> {
+        self.active_params.or(self.params)
     }
 
     /// Bytes one sequence of `tokens` tokens holds across all layers, each layer exactly as many tokens as it
@@ -391,6 +417,7 @@ pub struct ModelSpecBuilder {
     name: String,
     groups: Vec<LayerGroup>,
     params: Option<u64>,
+    active_params: Option<u64>,
 }
 
 impl ModelSpecBuilder {
@@ -435,12 +462,21 @@ impl ModelSpecBuilder {
         self
     }
 
+    /// Records the parameters used per token of a mixture-of-experts model (see
+    /// [`ModelSpec::active_params`]); must not exceed [`params`](Self::params) when both are set.
+    #[must_use]
+    pub fn active_params(mut self, active_params: u64) -> Self {
+        self.active_params = Some(active_params);
+        self
+    }
+
     /// Checks and builds the spec.
     ///
     /// # Errors
     ///
     /// [`ConfigError::Zero`] when the spec has no layer holding a KV cache, or a group has zero layers,
-    /// heads, head size or window; [`ConfigError::OutOfRange`] when one token's bytes across all layers at
+    /// heads, head size or window; [`ConfigError::Conflict`] when the active parameters exceed the
+    /// parameters; [`ConfigError::OutOfRange`] when one token's bytes across all layers at
     /// 4 bytes per element would not fit in a `u64` (absurd sizes are refused here, so that byte counts only
     /// saturate for absurd token counts).
     ///
@@ -474,7 +510,15 @@ impl ModelSpecBuilder {
         if per_token == 0 {
             return Err(ConfigError::Zero { what: "layers holding a KV cache" });
         }
-        Ok(ModelSpec { name: self.name, groups: self.groups, params: self.params })
+        if let (Some(total), Some(active)) = (self.params, self.active_params) {
+            if active > total {
+                return Err(ConfigError::Conflict(format!(
+                    "{}: {active} active parameters exceed the {total} parameters of the model",
+                    self.name
+                )));
+            }
+        }
+        Ok(ModelSpec { name: self.name, groups: self.groups, params: self.params, active_params: self.active_params })
     }
 }
 

@@ -1,0 +1,446 @@
+//! [`GpuPlan`]: how much KV cache one GPU (or one tensor-parallel group) holds for a model.
+
+use super::{Gpu, KvDtype, ModelSpec};
+use crate::ConfigError;
+
+const GIB: u64 = 1 << 30;
+
+/// Default memory reserved for activations, CUDA graphs and the runtime, per GPU.
+pub const DEFAULT_RESERVE_BYTES: u64 = 2 * GIB;
+
+/// The KV-cache capacity of a model on one GPU or a tensor-parallel group of identical GPUs.
+///
+/// Per GPU, the KV pool is what vLLM leaves to it:
+///
+/// ```text
+/// pool = floor(memory × memory_utilization) − weights / tp − reserve
+/// ```
+///
+/// and it cuts the pool into `pool // block_bytes` blocks, where a block holds `block_size` tokens in every
+/// layer that has a cache (vLLM's `available_memory // page_bytes` rule, with the page of each layer summed).
+/// Under tensor parallelism each GPU holds `kv_heads / tp` heads of every full and sliding layer (one head
+/// when `tp` exceeds `kv_heads`; an MLA latent is replicated on every GPU) and the same number of blocks, so a group of `tp` GPUs holds as many
+/// tokens as one of its GPUs.
+///
+/// # Examples
+///
+/// ```
+/// use kvgate::kv::{GpuPlan, KvDtype, ModelSpec};
+///
+/// let plan = GpuPlan::builder(ModelSpec::preset("gemma-3-27b")?)
+///     .gpu("h100-80")
+///     .build()?;
+/// // Pool: floor(79.6 GiB x 0.9) - 54.9 GB of bf16 weights - 2 GiB reserve = about 20 GB. A 32k sequence
+/// // holds 3.1 GB (52 of 62 layers slide over 1024 tokens); every layer full it would hold 16.6 GB.
+/// assert_eq!(plan.max_sequences(32_768), 6);
+/// assert_eq!(plan.kv_pool_bytes() / plan.model().kv_bytes_naive(32_768, KvDtype::Bf16), 1);
+/// assert_eq!(plan.kv_dtype(), KvDtype::Bf16);
+/// # Ok::<(), kvgate::ConfigError>(())
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct GpuPlan {
+    model: ModelSpec,
+    shard: ModelSpec,
+    gpu: String,
+    gpu_memory_bytes: u64,
+    memory_utilization: f64,
+    weight_bytes: u64,
+    reserve_bytes: u64,
+    tensor_parallel: u32,
+    kv_dtype: KvDtype,
+    block_size: u32,
+    pool_per_gpu: u64,
+}
+
+/// Builds a [`GpuPlan`]; see [`GpuPlan::builder`]. Settings are checked in [`build`](Self::build).
+#[derive(Debug, Clone)]
+pub struct GpuPlanBuilder {
+    model: ModelSpec,
+    gpu: Option<String>,
+    gpu_memory_bytes: Option<u64>,
+    memory_utilization: f64,
+    weight_bytes: Option<u64>,
+    weight_dtype: KvDtype,
+    reserve_bytes: u64,
+    tensor_parallel: u32,
+    kv_dtype: KvDtype,
+    block_size: u32,
+}
+
+impl GpuPlan {
+    /// Starts a plan for `model`, with vLLM's defaults: `memory_utilization` 0.9, blocks of 16 tokens, a
+    /// bf16 cache, bf16 weights sized from the model's parameter count, no tensor parallelism, and
+    /// [`DEFAULT_RESERVE_BYTES`] for activations. A GPU (preset or memory size) must be given.
+    #[must_use]
+    pub fn builder(model: ModelSpec) -> GpuPlanBuilder {
+        GpuPlanBuilder {
+            model,
+            gpu: None,
+            gpu_memory_bytes: None,
+            memory_utilization: 0.9,
+            weight_bytes: None,
+            weight_dtype: KvDtype::Bf16,
+            reserve_bytes: DEFAULT_RESERVE_BYTES,
+            tensor_parallel: 1,
+            kv_dtype: KvDtype::Bf16,
+            block_size: 16,
+        }
+    }
+
+    /// GPU preset names accepted by [`GpuPlanBuilder::gpu`]: [`Gpu::names`].
+    #[must_use]
+    pub fn gpu_names() -> Vec<&'static str> {
+        Gpu::names()
+    }
+
+    /// Total memory of the GPU preset `name` (ASCII case-insensitive), in bytes.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::UnknownName`] listing the known GPUs.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(kvgate::kv::GpuPlan::gpu_memory("A100-80")?, 80 << 30);
+    /// # Ok::<(), kvgate::ConfigError>(())
+    /// ```
+    pub fn gpu_memory(name: &str) -> Result<u64, ConfigError> {
+        Gpu::preset(name).map(|gpu| gpu.memory_bytes())
+    }
+
+    /// The model planned for.
+    #[must_use]
+    pub fn model(&self) -> &ModelSpec {
+        &self.model
+    }
+
+    /// The share of the model one GPU holds: [`ModelSpec::tensor_parallel_shard`] of the model.
+    #[must_use]
+    pub fn per_gpu_model(&self) -> &ModelSpec {
+        &self.shard
+    }
+
+    /// The GPU's name (the preset, or `"custom"`).
+    #[must_use]
+    pub fn gpu(&self) -> &str {
+        &self.gpu
+    }
+
+    /// The GPU preset planned for, with its bandwidth and throughput; `None` for a custom GPU given only by
+    /// its memory size.
+    #[must_use]
+    pub fn gpu_spec(&self) -> Option<Gpu> {
+        Gpu::preset(&self.gpu).ok()
+    }
+
+    /// Total memory of one GPU, bytes.
+    #[must_use]
+    pub fn gpu_memory_bytes(&self) -> u64 {
+        self.gpu_memory_bytes
+    }
+
+    /// Fraction of GPU memory the server may use.
+    #[must_use]
+    pub fn memory_utilization(&self) -> f64 {
+        self.memory_utilization
+    }
+
+    /// Weight bytes of the whole model (across all tensor-parallel GPUs).
+    #[must_use]
+    pub fn weight_bytes(&self) -> u64 {
+        self.weight_bytes
+    }
+
+    /// Memory reserved per GPU for activations and runtime, bytes.
+    #[must_use]
+    pub fn reserve_bytes(&self) -> u64 {
+        self.reserve_bytes
+    }
+
+    /// Tensor-parallel degree (number of GPUs).
+    #[must_use]
+    pub fn tensor_parallel(&self) -> u32 {
+        self.tensor_parallel
+    }
+
+    /// Element type of the KV cache.
+    #[must_use]
+    pub fn kv_dtype(&self) -> KvDtype {
+        self.kv_dtype
+    }
+
+    /// Tokens per block.
+    #[must_use]
+    pub fn block_size(&self) -> u32 {
+        self.block_size
+    }
+
+    /// KV pool of one GPU, bytes.
+    #[must_use]
+    pub fn kv_pool_bytes_per_gpu(&self) -> u64 {
+        self.pool_per_gpu
+    }
+
+    /// KV pool of the whole tensor-parallel group: per-GPU pool × degree.
+    #[must_use]
+    pub fn kv_pool_bytes(&self) -> u64 {
+        self.pool_per_gpu.saturating_mul(u64::from(self.tensor_parallel))
+    }
+
+    /// Bytes of one block on one GPU: `block_size` tokens in every layer that has a cache.
+    #[must_use]
+    pub fn block_bytes_per_gpu(&self) -> u64 {
+        self.shard.block_bytes(self.kv_dtype, self.block_size)
+    }
+
+    /// Number of blocks: `pool_per_gpu // block_bytes_per_gpu` (vLLM's rule).
+    #[must_use]
+    pub fn num_blocks(&self) -> u64 {
+        self.pool_per_gpu / self.block_bytes_per_gpu().max(1)
+    }
+
+    /// Tokens the pool holds when every token is cached in every layer (short sequences, inside every
+    /// window): `num_blocks × block_size`. Sequences longer than a sliding window cost less per token; see
+    /// [`max_sequences`](Self::max_sequences).
+    #[must_use]
+    pub fn max_tokens(&self) -> u64 {
+        self.num_blocks().saturating_mul(u64::from(self.block_size))
+    }
+
+    /// Bytes one sequence of `tokens` tokens holds on each GPU, paged and window-aware.
+    #[must_use]
+    pub fn sequence_bytes_per_gpu(&self, tokens: u64) -> u64 {
+        self.shard.kv_bytes_paged(tokens, self.kv_dtype, self.block_size)
+    }
+
+    /// How many sequences of `context_tokens` tokens each fit at once (each rounded up to whole blocks, each
+    /// sliding layer holding at most its window). A context of 0 costs nothing: the answer is then `u64::MAX`.
+    #[must_use]
+    pub fn max_sequences(&self, context_tokens: u64) -> u64 {
+        match self.sequence_bytes_per_gpu(context_tokens) {
+            0 => u64::MAX,
+            per_seq => self.pool_per_gpu / per_seq,
+        }
+    }
+
+    /// How many users fit at once when their contexts average `average_context_tokens`.
+    ///
+    /// Estimated as [`max_sequences`](Self::max_sequences) at the average. It does not overstate the
+    /// capacity: the bytes a sequence holds are concave in its length (windows cap them), so a mix of lengths
+    /// with this average holds at most as much as the same number of average-length sequences (up to the
+    /// rounding of each to whole blocks).
+    #[must_use]
+    pub fn users_at_average_context(&self, average_context_tokens: u64) -> u64 {
+        self.max_sequences(average_context_tokens)
+    }
+}
+
+impl GpuPlanBuilder {
+    /// A GPU preset by name (see [`GpuPlan::gpu_names`]); resolved in [`build`](Self::build).
+    #[must_use]
+    pub fn gpu(mut self, name: &str) -> Self {
+        self.gpu = Some(name.to_owned());
+        self
+    }
+
+    /// Total memory of one GPU in bytes, for a GPU without a preset (overrides [`gpu`](Self::gpu)'s size).
+    #[must_use]
+    pub fn gpu_memory_bytes(mut self, bytes: u64) -> Self {
+        self.gpu_memory_bytes = Some(bytes);
+        self
+    }
+
+    /// Fraction of GPU memory the server may use, in `(0, 1]` (vLLM's `--gpu-memory-utilization`, default
+    /// 0.9).
+    #[must_use]
+    pub fn memory_utilization(mut self, fraction: f64) -> Self {
+        self.memory_utilization = fraction;
+        self
+    }
+
+    /// Weight bytes of the whole model, overriding the estimate from the parameter count.
+    #[must_use]
+    pub fn weight_bytes(mut self, bytes: u64) -> Self {
+        self.weight_bytes = Some(bytes);
+        self
+    }
+
+    /// Element type of the weights when they are sized from the parameter count (default bf16).
+    #[must_use]
+    pub fn weight_dtype(mut self, dtype: KvDtype) -> Self {
+        self.weight_dtype = dtype;
+        self
+    }
+
+    /// Memory reserved per GPU for activations, CUDA graphs and runtime (default [`DEFAULT_RESERVE_BYTES`];
+    /// vLLM measures it with a profiling run).
+    #[must_use]
+    pub fn reserve_bytes(mut self, bytes: u64) -> Self {
+        self.reserve_bytes = bytes;
+        self
+    }
+
+    /// Tensor-parallel degree: GPUs the model is split across (default 1).
+    #[must_use]
+    pub fn tensor_parallel(mut self, degree: u32) -> Self {
+        self.tensor_parallel = degree;
+        self
+    }
+
+    /// Element type of the KV cache (default bf16).
+    #[must_use]
+    pub fn kv_dtype(mut self, dtype: KvDtype) -> Self {
+        self.kv_dtype = dtype;
+        self
+    }
+
+    /// Tokens per block (default 16, vLLM's default on CUDA).
+    #[must_use]
+    pub fn block_size(mut self, tokens: u32) -> Self {
+        self.block_size = tokens;
+        self
+    }
+
+    /// Checks the settings and computes the pool.
+    ///
+    /// # Errors
+    ///
+    /// - [`ConfigError::UnknownName`] for an unknown GPU preset;
+    /// - [`ConfigError::Conflict`] when neither a GPU nor its memory was given, when weights are neither given nor derivable (no parameter count), when the
+    ///   weights and reserve leave no memory for the KV cache, when not even one block fits, or when the
+    ///   tensor-parallel degree neither divides nor is a multiple of the KV heads;
+    /// - [`ConfigError::OutOfRange`] for a `memory_utilization` outside `(0, 1]`;
+    /// - [`ConfigError::Zero`] for a block size, GPU memory or tensor-parallel degree of 0.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use kvgate::{ConfigError, kv::{GpuPlan, ModelSpec}};
+    /// let spec = ModelSpec::preset("llama-3.1-70b")?;
+    /// // 141 GB of bf16 weights do not fit on one 80 GB card.
+    /// let err = GpuPlan::builder(spec.clone()).gpu("h100-80").build().unwrap_err();
+    /// assert!(matches!(err, ConfigError::Conflict(_)));
+    /// assert!(GpuPlan::builder(spec).gpu("h100-80").tensor_parallel(4).build().is_ok());
+    /// # Ok::<(), kvgate::ConfigError>(())
+    /// ```
+    pub fn build(self) -> Result<GpuPlan, ConfigError> {
+        let gpu = self.gpu.unwrap_or_else(|| "custom".to_owned());
+        let gpu_memory_bytes = match self.gpu_memory_bytes {
+            Some(bytes) => bytes,
+            None if gpu == "custom" => {
+                return Err(ConfigError::Conflict(
+                    "no GPU given: set a GPU preset with .gpu(name) or its memory with .gpu_memory_bytes(bytes)".into(),
+                ));
+            }
+            None => GpuPlan::gpu_memory(&gpu)?,
+        };
+        if gpu_memory_bytes == 0 {
+            return Err(ConfigError::Zero { what: "GPU memory" });
+        }
+        if self.block_size == 0 {
+            return Err(ConfigError::Zero { what: "block size" });
+        }
+        let util = self.memory_utilization;
+        if !(util > 0.0 && util <= 1.0) {
+            return Err(ConfigError::OutOfRange {
+                what: "memory_utilization",
+                reason: format!("{util} is outside (0, 1]; vLLM's default is 0.9"),
+            });
+        }
+        let shard = self.model.tensor_parallel_shard(self.tensor_parallel)?;
+        let tp = u64::from(self.tensor_parallel);
+        let weight_bytes = match (self.weight_bytes, self.model.params()) {
+            (Some(bytes), _) => bytes,
+            (None, Some(params)) => params.saturating_mul(self.weight_dtype.bytes()),
+            (None, None) => {
+                return Err(ConfigError::Conflict(format!(
+                    "the weight size of {} is unknown (no parameter count): set .weight_bytes(bytes)",
+                    self.model.name()
+                )));
+            }
+        };
+        // f64 holds every realistic memory size exactly enough (GPU sizes are far below 2^53 bytes).
+        let usable = (gpu_memory_bytes as f64 * util).floor() as u64;
+        let taken = weight_bytes.div_ceil(tp).saturating_add(self.reserve_bytes);
+        let pool_per_gpu = usable.checked_sub(taken).filter(|&p| p > 0).ok_or_else(|| {
+            ConfigError::Conflict(format!(
+                "weights ({:.1} GiB per GPU) plus reserve ({:.1} GiB) exceed the usable memory ({:.1} GiB = \
+                 {:.1} GiB x {util}); use more GPUs (tensor parallelism), smaller weights, or a larger GPU",
+                gib(weight_bytes.div_ceil(tp)),
+                gib(self.reserve_bytes),
+                gib(usable),
+                gib(gpu_memory_bytes),
+            ))
+        })?;
+        let block = shard.block_bytes(self.kv_dtype, self.block_size);
+        if pool_per_gpu < block {
+            return Err(ConfigError::Conflict(format!(
+                "the KV pool ({pool_per_gpu} bytes per GPU) is smaller than one block ({block} bytes)"
+            )));
+        }
+        Ok(GpuPlan {
+            model: self.model,
+            shard,
+            gpu,
+            gpu_memory_bytes,
+            memory_utilization: util,
+            weight_bytes,
+            reserve_bytes: self.reserve_bytes,
+            tensor_parallel: self.tensor_parallel,
+            kv_dtype: self.kv_dtype,
+            block_size: self.block_size,
+            pool_per_gpu,
+        })
+    }
+}
+
+fn gib(bytes: u64) -> f64 {
+    bytes as f64 / GIB as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    fn llama8b() -> GpuPlanBuilder {
+        GpuPlan::builder(ModelSpec::preset("llama-3.1-8b").unwrap()).gpu("a100-80")
+    }
+
+    #[test]
+    fn pool_follows_the_formula() {
+        let plan = llama8b().build().unwrap();
+        // floor(80 GiB x 0.9) - 8_030_261_248 x 2 - 2 GiB
+        let usable = (81_920.0 * MIB as f64 * 0.9).floor() as u64;
+        assert_eq!(plan.kv_pool_bytes(), usable - 16_060_522_496 - 2 * GIB);
+        // A block: 16 tokens x 32 layers x 2 x 8 x 128 x 2 bytes = 2 MiB.
+        assert_eq!(plan.block_bytes_per_gpu(), 2 * MIB);
+        assert_eq!(plan.num_blocks(), plan.kv_pool_bytes() / (2 * MIB));
+        assert_eq!(plan.max_tokens(), plan.num_blocks() * 16);
+        assert_eq!(plan.max_sequences(8192), plan.kv_pool_bytes() / (8192 * 131_072));
+    }
+
+    #[test]
+    fn invalid_settings_are_refused() {
+        assert!(matches!(llama8b().memory_utilization(0.0).build(), Err(ConfigError::OutOfRange { .. })));
+        assert!(matches!(llama8b().memory_utilization(1.5).build(), Err(ConfigError::OutOfRange { .. })));
+        assert!(matches!(llama8b().memory_utilization(f64::NAN).build(), Err(ConfigError::OutOfRange { .. })));
+        assert!(matches!(llama8b().gpu("tpu").build(), Err(ConfigError::UnknownName { .. })));
+        assert!(matches!(llama8b().tensor_parallel(3).build(), Err(ConfigError::Conflict(_))));
+        assert!(matches!(llama8b().tensor_parallel(0).build(), Err(ConfigError::Zero { .. })));
+        assert!(matches!(llama8b().block_size(0).build(), Err(ConfigError::Zero { .. })));
+        assert!(matches!(llama8b().weight_bytes(u64::MAX).build(), Err(ConfigError::Conflict(_))));
+        let no_params = ModelSpec::builder("x").full(1, 1, 1).build().unwrap();
+        assert!(matches!(GpuPlan::builder(no_params).gpu("l4").build(), Err(ConfigError::Conflict(_))));
+    }
+
+    #[test]
+    fn tensor_parallel_keeps_tokens_and_multiplies_pool() {
+        let spec = ModelSpec::preset("llama-3.1-8b").unwrap();
+        let plan = GpuPlan::builder(spec).gpu("l4").tensor_parallel(2).build().unwrap();
+        assert_eq!(plan.kv_pool_bytes(), 2 * plan.kv_pool_bytes_per_gpu());
+        assert_eq!(plan.block_bytes_per_gpu(), MIB);
+    }
+}

@@ -1,0 +1,662 @@
+//! The discrete-event loop: virtual time, events in a heap, the real admission polled by hand.
+//!
+//! # How time moves
+//! Events sit in a binary heap ordered by `(time, insertion number)`, so two events at the same
+//! nanosecond run in the order they were scheduled: the run is a pure function of the scenario. Before
+//! each event the lab sets the shared [`ManualClock`] to the event's time; the admission reads only that
+//! clock and was built with `deadline_timer(false)`, so every state change happens on this thread, in
+//! event order.
+//!
+//! # How the admission is driven
+//! A try that must wait holds the [`Admit`](crate::Admit) future returned by the gate. The lab polls it
+//! with a waker that records the try's key in a list; when a permit is dropped, the admission's
+//! dispatcher grants the next waiter and wakes it, and after the current event the lab polls every woken
+//! future. A waiter whose deadline passes is polled at that time and resolves to `TimedOut`.
+//!
+//! # Keys and stale events
+//! A live request occupies a slot. Each slot has an epoch, bumped whenever a try of it ends (granted
+//! work finishing, a refusal, a client timeout) or the slot is freed. Events and wake-ups carry
+//! `(slot, epoch)` and are ignored when the epoch moved on, so a client timeout that races a refusal,
+//! or a wake-up for a cancelled wait, does nothing.
+//!
+//! # Conservation
+//! Every request that arrives is, at the end, exactly one of: completed, failed (shed, timed out,
+//! refused) or still in the system — `Report::arrived == completed + failed.total() + in_system`.
+
+use super::client::ClientPolicy;
+use super::dist;
+use super::engine::{Engine, EngineEvent, EngineRefusal, SeqId};
+use super::gate::{Entry, Gate, GateContext};
+use super::report::{ClassReport, Failures, Percentiles, Report, TimeSeries, jain_index, nearest_rank};
+use super::scenario::Scenario;
+use super::workload::{Arrivals, PoissonArrivals, Profile};
+use crate::clock::ManualClock;
+use crate::error::ConfigError;
+use crate::retry::{RetryHint, SplitMix64};
+use crate::{Admit, Permit, Request};
+use parking_lot::Mutex;
+use std::cmp::{Ordering, Reverse};
+use std::collections::{BTreeMap, BinaryHeap};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::Duration;
+
+/// The tenant of the scripted heavy user (employees are tenants `0..count`).
+const SCRIPT_TENANT: u64 = u64::MAX / 2;
+/// Independent random streams derived from the scenario's seed.
+const WORKLOAD_STREAM: u64 = 0x5745_4c4c_4f41_4400;
+const CLIENT_STREAM: u64 = 0x434c_4945_4e54_5300;
+const POISSON_STREAM: u64 = 0x504f_4953_534f_4e00;
+
+/// Who sent a request: decides its tenant and what happens after it ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source {
+    Poisson,
+    Employee(u32),
+    Script,
+}
+
+/// A try of a live request: its slot and the slot's epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Key {
+    slot: u32,
+    epoch: u32,
+}
+
+impl Key {
+    fn tag(self) -> u64 {
+        (u64::from(self.slot) << 32) | u64::from(self.epoch)
+    }
+
+    fn from_tag(tag: u64) -> Self {
+        Self { slot: (tag >> 32) as u32, epoch: tag as u32 }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum EventKind {
+    PoissonArrival,
+    UserArrival(Source),
+    Try(Key),
+    StepDone,
+    WaitDeadline(Key),
+    ClientTimeout(Key),
+    Sample,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+struct Event {
+    at: u64,
+    order: u64,
+    kind: EventKind,
+}
+
+impl Ord for Event {
+    fn cmp(&self, other: &Self) -> Ordering {
+        (self.at, self.order).cmp(&(other.at, other.order))
+    }
+}
+
+impl PartialOrd for Event {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+/// Where a live request is.
+#[derive(Debug)]
+enum Phase {
+    /// Between tries.
+    Backoff,
+    /// Waiting in the gate.
+    Waiting(Admit),
+    /// In the engine, holding the gate's permit if any.
+    Engine { seq: SeqId, permit: Option<Permit> },
+}
+
+/// How a try ended badly.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TryEnd {
+    /// Refused; `retryable` false for a request that can never run.
+    Refused { hint: Option<Duration>, retryable: bool },
+    /// No first token in time.
+    TimedOut,
+}
+
+#[derive(Debug)]
+struct Live {
+    source: Source,
+    tenant: u64,
+    human: bool,
+    prompt: u32,
+    output: u32,
+    first_try: u64,
+    tries: u32,
+    first_token: Option<u64>,
+    phase: Phase,
+}
+
+#[derive(Debug, Default)]
+struct Slot {
+    epoch: u32,
+    live: Option<Live>,
+}
+
+/// Records a woken waiter's key.
+#[derive(Debug)]
+struct TagWaker {
+    tag: u64,
+    woken: Arc<Mutex<Vec<u64>>>,
+}
+
+impl Wake for TagWaker {
+    fn wake(self: Arc<Self>) {
+        self.woken.lock().push(self.tag);
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.woken.lock().push(self.tag);
+    }
+}
+
+/// Counters that become the report.
+#[derive(Debug, Default)]
+struct Tally {
+    arrived: u64,
+    completed: u64,
+    good: u64,
+    failed: Failures,
+    tries: u64,
+    finished_tries: u64,
+    tries_histogram: Vec<u64>,
+    humans: ClassReport,
+    scripted: ClassReport,
+    ttft: Vec<f64>,
+    e2e: Vec<f64>,
+    tenant_tokens: BTreeMap<u64, u64>,
+    series: TimeSeries,
+    interval_ttft: Vec<f64>,
+}
+
+/// Runs `scenario` on `engine` behind the gate `make_gate` builds.
+pub(crate) fn run(
+    scenario: &Scenario,
+    engine: Engine,
+    make_gate: impl FnOnce(&GateContext<'_>) -> Result<Box<dyn Gate>, ConfigError>,
+) -> Result<Report, ConfigError> {
+    let clock = ManualClock::new();
+    let gate = make_gate(&GateContext { clock: &clock, engine: &engine })?;
+    let poisson = match scenario.workload.arrivals {
+        Arrivals::Poisson { rate, profile, .. } => {
+            Some(PoissonArrivals::new(rate, profile, scenario.seed ^ POISSON_STREAM)?)
+        }
+        Arrivals::Employees { .. } => None,
+    };
+    let arrivals_end = nanos(scenario.duration);
+    let lab = Lab {
+        scenario,
+        client: scenario.client,
+        clock,
+        now: 0,
+        arrivals_end,
+        stop: arrivals_end.saturating_add(nanos(scenario.drain)),
+        events: BinaryHeap::new(),
+        order: 0,
+        engine,
+        stepping: false,
+        engine_events: Vec::new(),
+        max_wait: gate.max_wait().map(nanos),
+        gate,
+        work_rng: SplitMix64::new(scenario.seed ^ WORKLOAD_STREAM),
+        client_rng: SplitMix64::new(scenario.seed ^ CLIENT_STREAM),
+        poisson,
+        slots: Vec::new(),
+        free: Vec::new(),
+        live: 0,
+        woken: Arc::new(Mutex::new(Vec::new())),
+        tally: Tally {
+            series: TimeSeries { interval: scenario.sample_every, ..TimeSeries::default() },
+            ..Tally::default()
+        },
+    };
+    Ok(lab.run())
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+fn secs(nanos: u64) -> f64 {
+    nanos as f64 / 1e9
+}
+
+struct Lab<'s> {
+    scenario: &'s Scenario,
+    client: ClientPolicy,
+    clock: ManualClock,
+    now: u64,
+    arrivals_end: u64,
+    stop: u64,
+    events: BinaryHeap<Reverse<Event>>,
+    order: u64,
+    engine: Engine,
+    stepping: bool,
+    engine_events: Vec<EngineEvent>,
+    gate: Box<dyn Gate>,
+    max_wait: Option<u64>,
+    work_rng: SplitMix64,
+    client_rng: SplitMix64,
+    poisson: Option<PoissonArrivals>,
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+    live: u64,
+    woken: Arc<Mutex<Vec<u64>>>,
+    tally: Tally,
+}
+
+impl Lab<'_> {
+    fn run(mut self) -> Report {
+        self.schedule_first_arrivals();
+        self.push(0, EventKind::Sample);
+        while let Some(Reverse(event)) = self.events.pop() {
+            if event.at > self.stop {
+                break;
+            }
+            self.now = event.at;
+            self.clock.set_nanos(event.at);
+            match event.kind {
+                EventKind::PoissonArrival => {
+                    self.arrive(Source::Poisson);
+                    self.schedule_poisson();
+                }
+                EventKind::UserArrival(source) => self.arrive(source),
+                EventKind::Try(key) => {
+                    if matches!(self.live_at(key), Some(Live { phase: Phase::Backoff, .. })) {
+                        self.start_try(key.slot);
+                    }
+                }
+                EventKind::StepDone => self.step_done(),
+                EventKind::WaitDeadline(key) => self.poll_waiting(key),
+                EventKind::ClientTimeout(key) => self.client_timeout(key),
+                EventKind::Sample => self.sample(),
+            }
+            self.poll_woken();
+            self.kick_engine();
+        }
+        self.report()
+    }
+
+    fn push(&mut self, at: u64, kind: EventKind) {
+        self.order += 1;
+        self.events.push(Reverse(Event { at, order: self.order, kind }));
+    }
+
+    fn live_at(&mut self, key: Key) -> Option<&mut Live> {
+        let slot = self.slots.get_mut(key.slot as usize)?;
+        if slot.epoch == key.epoch { slot.live.as_mut() } else { None }
+    }
+
+    fn schedule_first_arrivals(&mut self) {
+        match self.scenario.workload.arrivals {
+            Arrivals::Poisson { .. } => self.schedule_poisson(),
+            Arrivals::Employees { count, think_time, profile } => {
+                for employee in 0..count {
+                    let at = match profile {
+                        Profile::Flat => (dist::unit(&mut self.work_rng) * think_time.as_nanos() as f64) as u64,
+                        Profile::MorningRush { peak_at, spread, .. } => self.rush_start(peak_at, spread),
+                    };
+                    if at < self.arrivals_end {
+                        self.push(at, EventKind::UserArrival(Source::Employee(employee)));
+                    }
+                }
+            }
+        }
+        if let Some(heavy) = self.scenario.workload.heavy_user {
+            let start = nanos(heavy.start);
+            if start < self.arrivals_end {
+                for _ in 0..heavy.streams {
+                    self.push(start, EventKind::UserArrival(Source::Script));
+                }
+            }
+        }
+    }
+
+    /// An employee's arrival at work: normal around the peak, redrawn until inside the period.
+    fn rush_start(&mut self, peak_at: Duration, spread: Duration) -> u64 {
+        let end = secs(self.arrivals_end);
+        let mut at = peak_at.as_secs_f64();
+        for _ in 0..64 {
+            at = peak_at.as_secs_f64() + spread.as_secs_f64() * dist::standard_normal(&mut self.work_rng);
+            if (0.0..end).contains(&at) {
+                break;
+            }
+        }
+        (at.clamp(0.0, end) * 1e9) as u64
+    }
+
+    fn schedule_poisson(&mut self) {
+        let next = self.poisson.as_mut().and_then(Iterator::next).map(nanos);
+        if let Some(at) = next.filter(|&at| at < self.arrivals_end) {
+            self.push(at.max(self.now), EventKind::PoissonArrival);
+        }
+    }
+
+    /// A new request from `source`, and its first try.
+    fn arrive(&mut self, source: Source) {
+        let workload = &self.scenario.workload;
+        let (tenant, human, prompt_dist, output_dist) = match (source, workload.heavy_user) {
+            (Source::Script, Some(heavy)) => (SCRIPT_TENANT, false, heavy.prompt_tokens, heavy.output_tokens),
+            (Source::Employee(employee), _) => {
+                (u64::from(employee), true, workload.prompt_tokens, workload.output_tokens)
+            }
+            _ => {
+                let tenants = match workload.arrivals {
+                    Arrivals::Poisson { tenants, .. } => u64::from(tenants),
+                    Arrivals::Employees { count, .. } => u64::from(count),
+                };
+                (dist::below(&mut self.work_rng, tenants), true, workload.prompt_tokens, workload.output_tokens)
+            }
+        };
+        let prompt = prompt_dist.sample(&mut self.work_rng);
+        let output = output_dist.sample(&mut self.work_rng).min(workload.max_new_tokens);
+        let live = Live {
+            source,
+            tenant,
+            human,
+            prompt,
+            output,
+            first_try: self.now,
+            tries: 0,
+            first_token: None,
+            phase: Phase::Backoff,
+        };
+        let slot = match self.free.pop() {
+            Some(slot) => slot,
+            None => {
+                self.slots.push(Slot::default());
+                (self.slots.len() - 1) as u32
+            }
+        };
+        self.slots[slot as usize].live = Some(live);
+        self.live += 1;
+        self.tally.arrived += 1;
+        self.class(human).arrived += 1;
+        self.tally.tenant_tokens.entry(tenant).or_insert(0);
+        self.start_try(slot);
+    }
+
+    fn class(&mut self, human: bool) -> &mut ClassReport {
+        if human { &mut self.tally.humans } else { &mut self.tally.scripted }
+    }
+
+    /// Bumps the slot's epoch (ending the current try's events) and returns the new key.
+    fn next_epoch(&mut self, slot: u32) -> Key {
+        let s = &mut self.slots[slot as usize];
+        s.epoch = s.epoch.wrapping_add(1);
+        Key { slot, epoch: s.epoch }
+    }
+
+    fn start_try(&mut self, slot: u32) {
+        let key = self.next_epoch(slot);
+        let max_new = self.scenario.workload.max_new_tokens;
+        let Some(live) = self.live_at(key) else { return };
+        live.tries += 1;
+        let request = Request::new(live.prompt, max_new).tenant(live.tenant);
+        let give_up = live.first_try.saturating_add(nanos(self.client.give_up_after));
+        self.tally.tries += 1;
+        let timeout = self.now.saturating_add(nanos(self.client.first_token_timeout)).min(give_up);
+        self.push(timeout, EventKind::ClientTimeout(key));
+        match self.gate.enter(&request) {
+            Entry::Pass(permit) => self.enter_engine(key, permit),
+            Entry::Refuse(rejection) => self.try_failed(
+                key,
+                TryEnd::Refused { hint: rejection.retry_after(), retryable: rejection.is_retryable() },
+            ),
+            Entry::Wait(admit) => {
+                if let Some(live) = self.live_at(key) {
+                    live.phase = Phase::Waiting(admit);
+                }
+                self.poll_waiting(key);
+                let still_waiting = matches!(self.live_at(key), Some(Live { phase: Phase::Waiting(_), .. }));
+                if let (true, Some(wait)) = (still_waiting, self.max_wait) {
+                    self.push(self.now.saturating_add(wait), EventKind::WaitDeadline(key));
+                }
+            }
+        }
+    }
+
+    /// Polls a waiting try; hands a grant to the engine, a refusal to the client.
+    fn poll_waiting(&mut self, key: Key) {
+        let woken = Arc::clone(&self.woken);
+        let Some(live) = self.live_at(key) else { return };
+        let Phase::Waiting(admit) = &mut live.phase else { return };
+        let waker = Waker::from(Arc::new(TagWaker { tag: key.tag(), woken }));
+        let result = match Pin::new(admit).poll(&mut Context::from_waker(&waker)) {
+            Poll::Pending => return,
+            Poll::Ready(result) => result,
+        };
+        live.phase = Phase::Backoff;
+        match result {
+            Ok(permit) => self.enter_engine(key, Some(permit)),
+            Err(rejection) => self.try_failed(
+                key,
+                TryEnd::Refused { hint: rejection.retry_after(), retryable: rejection.is_retryable() },
+            ),
+        }
+    }
+
+    fn enter_engine(&mut self, key: Key, permit: Option<Permit>) {
+        let max_new = self.scenario.workload.max_new_tokens;
+        let Some(live) = self.live_at(key) else { return };
+        let (prompt, output) = (live.prompt, live.output);
+        match self.engine.submit(key.tag(), prompt, max_new, output) {
+            Ok(seq) => {
+                if let Some(live) = self.live_at(key) {
+                    live.phase = Phase::Engine { seq, permit };
+                }
+            }
+            Err(refusal) => {
+                drop(permit);
+                let retryable = matches!(refusal, EngineRefusal::QueueFull);
+                self.try_failed(key, TryEnd::Refused { hint: None, retryable });
+            }
+        }
+    }
+
+    fn client_timeout(&mut self, key: Key) {
+        let Some(live) = self.live_at(key) else { return };
+        if live.first_token.is_some() {
+            return;
+        }
+        match std::mem::replace(&mut live.phase, Phase::Backoff) {
+            Phase::Backoff => {}
+            Phase::Waiting(admit) => drop(admit),
+            Phase::Engine { seq, permit } => {
+                self.engine.abort(seq);
+                drop(permit);
+            }
+        }
+        self.try_failed(key, TryEnd::TimedOut);
+    }
+
+    /// A try ended without a first token: retry after the policy's delay, or give up.
+    fn try_failed(&mut self, key: Key, end: TryEnd) {
+        let next = self.next_epoch(key.slot);
+        let Some(live) = self.slots[key.slot as usize].live.as_mut() else { return };
+        live.phase = Phase::Backoff;
+        let tries = live.tries;
+        let give_up = live.first_try.saturating_add(nanos(self.client.give_up_after));
+        let (hint, retryable) = match end {
+            TryEnd::Refused { hint, retryable } => (hint, retryable),
+            TryEnd::TimedOut => (None, true),
+        };
+        let delay = if retryable { self.client.delay(tries, hint, &mut self.client_rng) } else { None };
+        let retry_at = delay.map(|delay| self.now.saturating_add(nanos(delay))).filter(|&at| at < give_up);
+        match retry_at {
+            Some(at) => self.push(at, EventKind::Try(next)),
+            None => {
+                let failed = &mut self.tally.failed;
+                match end {
+                    TryEnd::Refused { retryable: false, .. } => failed.refused += 1,
+                    TryEnd::Refused { .. } => failed.shed += 1,
+                    TryEnd::TimedOut => failed.timed_out += 1,
+                }
+                self.finish(key.slot);
+            }
+        }
+    }
+
+    fn step_done(&mut self) {
+        self.stepping = false;
+        let mut events = std::mem::take(&mut self.engine_events);
+        self.engine.complete_step(&mut events);
+        for event in events.drain(..) {
+            match event {
+                EngineEvent::FirstToken { tag } => {
+                    let now = self.now;
+                    if let Some(live) = self.live_at(Key::from_tag(tag)) {
+                        let first_try = live.first_try;
+                        live.first_token.get_or_insert(now);
+                        self.tally.interval_ttft.push(secs(now - first_try));
+                    }
+                }
+                EngineEvent::Finished { tag, output_tokens } => self.completed(Key::from_tag(tag), output_tokens),
+            }
+        }
+        self.engine_events = events;
+    }
+
+    fn completed(&mut self, key: Key, output_tokens: u32) {
+        let now = self.now;
+        let slo = self.scenario.slo;
+        let Some(live) = self.live_at(key) else { return };
+        if let Phase::Engine { permit: Some(permit), .. } = std::mem::replace(&mut live.phase, Phase::Backoff) {
+            permit.complete(output_tokens);
+        }
+        let ttft = live.first_token.unwrap_or(now) - live.first_try;
+        let e2e = now - live.first_try;
+        let (human, tenant) = (live.human, live.tenant);
+        let good = ttft <= nanos(slo.ttft) && e2e <= nanos(slo.e2e);
+        let tally = &mut self.tally;
+        tally.completed += 1;
+        tally.good += u64::from(good);
+        tally.ttft.push(secs(ttft));
+        tally.e2e.push(secs(e2e));
+        *tally.tenant_tokens.entry(tenant).or_insert(0) += u64::from(output_tokens);
+        let class = self.class(human);
+        class.completed += 1;
+        class.good += u64::from(good);
+        class.tokens += u64::from(output_tokens);
+        self.finish(key.slot);
+    }
+
+    /// Frees a finished request's slot and lets its source send the next one.
+    fn finish(&mut self, slot: u32) {
+        self.next_epoch(slot);
+        let Some(live) = self.slots[slot as usize].live.take() else { return };
+        self.free.push(slot);
+        self.live -= 1;
+        let tally = &mut self.tally;
+        tally.finished_tries += u64::from(live.tries);
+        let bucket = live.tries.max(1) as usize - 1;
+        if tally.tries_histogram.len() <= bucket {
+            tally.tries_histogram.resize(bucket + 1, 0);
+        }
+        tally.tries_histogram[bucket] += 1;
+        let next = match live.source {
+            Source::Poisson => return,
+            Source::Script => self.now,
+            Source::Employee(_) => match self.scenario.workload.arrivals {
+                Arrivals::Employees { think_time, .. } => {
+                    self.now.saturating_add(dist::exponential(&mut self.work_rng, think_time.as_nanos() as f64) as u64)
+                }
+                Arrivals::Poisson { .. } => return,
+            },
+        };
+        if next < self.arrivals_end {
+            self.push(next, EventKind::UserArrival(live.source));
+        }
+    }
+
+    /// Polls every waiter the admission woke, until no more wake-ups come.
+    fn poll_woken(&mut self) {
+        loop {
+            let woken = std::mem::take(&mut *self.woken.lock());
+            if woken.is_empty() {
+                return;
+            }
+            for tag in woken {
+                self.poll_waiting(Key::from_tag(tag));
+            }
+        }
+    }
+
+    fn kick_engine(&mut self) {
+        if !self.stepping {
+            if let Some(step) = self.engine.schedule() {
+                self.stepping = true;
+                self.push(self.now.saturating_add(nanos(step)), EventKind::StepDone);
+            }
+        }
+    }
+
+    fn sample(&mut self) {
+        let status = self.engine.status();
+        let queued = self.gate.queued();
+        let series = &mut self.tally.series;
+        series.t.push(secs(self.now));
+        series.waiting.push((queued + status.waiting) as f64);
+        series.running.push(status.running as f64);
+        series.kv_percent.push(100.0 * status.kv_used_bytes as f64 / status.kv_pool_bytes as f64);
+        let interval = &mut self.tally.interval_ttft;
+        interval.sort_by(f64::total_cmp);
+        series.ttft_p90.push(if interval.is_empty() { f64::NAN } else { nearest_rank(interval, 0.9) });
+        interval.clear();
+        self.gate.observe(Duration::from_nanos(self.now), &status);
+        let next = self.now.saturating_add(nanos(self.scenario.sample_every));
+        if (self.now < self.arrivals_end || self.live > 0) && next <= self.stop {
+            self.push(next, EventKind::Sample);
+        }
+    }
+
+    fn report(mut self) -> Report {
+        let status = self.engine.status();
+        let tally = &mut self.tally;
+        tally.ttft.sort_by(f64::total_cmp);
+        tally.e2e.sort_by(f64::total_cmp);
+        let duration = secs(self.arrivals_end);
+        for class in [&mut tally.humans, &mut tally.scripted] {
+            class.goodput = class.good as f64 / duration;
+        }
+        let finished = tally.completed + tally.failed.total();
+        let shares: Vec<f64> = tally.tenant_tokens.values().map(|&t| t as f64).collect();
+        let tally = std::mem::take(&mut self.tally);
+        Report {
+            scenario: self.scenario.name.clone(),
+            gate: self.gate.name().to_owned(),
+            retry: self.client.retry.label().to_owned(),
+            duration: self.scenario.duration,
+            arrived: tally.arrived,
+            completed: tally.completed,
+            good: tally.good,
+            failed: tally.failed,
+            in_system: self.live,
+            goodput: tally.good as f64 / duration,
+            ttft: Percentiles::of_sorted(&tally.ttft),
+            e2e: Percentiles::of_sorted(&tally.e2e),
+            tries: tally.tries,
+            tries_per_request: if finished == 0 { 0.0 } else { tally.finished_tries as f64 / finished as f64 },
+            preemptions: status.preemptions,
+            peak_kv_percent: 100.0 * status.peak_kv_bytes as f64 / status.kv_pool_bytes as f64,
+            peak_running: status.peak_running,
+            fairness: jain_index(&shares),
+            humans: tally.humans,
+            scripted: tally.scripted,
+            series: tally.series,
+            ttft_sorted: tally.ttft,
+            tries_histogram: tally.tries_histogram,
+        }
+    }
+}

@@ -1,0 +1,162 @@
+//! A scenario: one GPU server, its traffic, its clients, its gate and its SLOs — everything a run
+//! depends on, seed included.
+
+use super::client::ClientPolicy;
+use super::engine::{Engine, EngineConfig};
+use super::gate::{Gate, GateContext, GateSpec};
+use super::lab;
+use super::report::Report;
+use super::workload::Workload;
+use crate::error::ConfigError;
+use crate::kv::GpuPlan;
+use std::time::Duration;
+
+/// The service levels a request must meet to count as good.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Slo {
+    /// Longest acceptable time from the first try to the first token.
+    pub ttft: Duration,
+    /// Longest acceptable time from the first try to the last token.
+    pub e2e: Duration,
+}
+
+impl Default for Slo {
+    /// 2 s to the first token, 60 s to the last.
+    fn default() -> Self {
+        Self { ttft: Duration::from_secs(2), e2e: Duration::from_secs(60) }
+    }
+}
+
+/// Everything one run depends on. The same scenario always gives the same [`Report`].
+///
+/// # Examples
+///
+/// ```
+/// use kvgate::kv::{GpuPlan, KvDtype, ModelSpec};
+/// use kvgate::sim::{EngineConfig, GateSpec, Scenario, Workload};
+/// use std::time::Duration;
+///
+/// let plan = GpuPlan::builder(ModelSpec::preset("llama-3.1-8b")?).gpu("l4").build()?;
+/// let workload = Workload::employees(40, Duration::from_secs(60), Duration::from_secs(30));
+/// let mut scenario = Scenario::new(plan.clone(), EngineConfig::for_plan(&plan, KvDtype::Bf16)?, workload);
+/// scenario.duration = Duration::from_secs(120);
+/// scenario.gate = GateSpec::kv_admit(None, 64, Duration::from_secs(2));
+/// let report = scenario.run()?;
+/// assert_eq!(report.arrived, report.completed + report.failed.total() + report.in_system);
+/// assert_eq!(report.preemptions, 0); // kvgate reserves prompt + max_tokens: the pool never runs out
+/// # Ok::<(), kvgate::ConfigError>(())
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct Scenario {
+    /// A name for tables.
+    pub name: String,
+    /// Seed of every random draw.
+    pub seed: u64,
+    /// The model on the GPU(s), and the KV pool it leaves.
+    pub plan: GpuPlan,
+    /// The engine's settings and the GPU's figures.
+    pub engine: EngineConfig,
+    /// The traffic.
+    pub workload: Workload,
+    /// What clients do when refused or kept waiting.
+    pub client: ClientPolicy,
+    /// The gate in front of the engine.
+    pub gate: GateSpec,
+    /// What counts as good.
+    pub slo: Slo,
+    /// The simulated period: arrivals stop at its end.
+    pub duration: Duration,
+    /// Extra time after `duration` for requests in flight to finish; what is left then is `in_system`.
+    pub drain: Duration,
+    /// Time between samples of the time series.
+    pub sample_every: Duration,
+}
+
+impl Scenario {
+    /// A scenario with seed 1, no gate, full-jitter clients, the default [`Slo`], 10 simulated minutes,
+    /// 5 minutes of drain and a sample every 5 s.
+    pub fn new(plan: GpuPlan, engine: EngineConfig, workload: Workload) -> Self {
+        Self {
+            name: String::from("scenario"),
+            seed: 1,
+            plan,
+            engine,
+            workload,
+            client: ClientPolicy::full_jitter(),
+            gate: GateSpec::None,
+            slo: Slo::default(),
+            duration: Duration::from_secs(600),
+            drain: Duration::from_secs(300),
+            sample_every: Duration::from_secs(5),
+        }
+    }
+
+    /// Checks every setting that can be checked without building the engine.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] naming the bad value (see [`Workload::validate`], [`ClientPolicy::validate`]); a
+    /// zero SLO, duration or sample interval.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.slo.ttft.is_zero() {
+            return Err(ConfigError::Zero { what: "TTFT SLO" });
+        }
+        if self.slo.e2e.is_zero() {
+            return Err(ConfigError::Zero { what: "end-to-end SLO" });
+        }
+        if self.duration.is_zero() {
+            return Err(ConfigError::Zero { what: "scenario duration" });
+        }
+        if self.sample_every.is_zero() {
+            return Err(ConfigError::Zero { what: "sample interval" });
+        }
+        // Virtual time is u64 nanoseconds: keep every horizon far below 584 years.
+        if self.duration.saturating_add(self.drain) > Duration::from_secs(365 * 24 * 3600) {
+            return Err(ConfigError::OutOfRange {
+                what: "scenario duration",
+                reason: "duration plus drain exceed a year of simulated time".into(),
+            });
+        }
+        if self.duration.as_nanos() / self.sample_every.as_nanos() > 10_000_000 {
+            return Err(ConfigError::OutOfRange {
+                what: "sample interval",
+                reason: format!("{:?} gives over 10 million samples; use a longer interval", self.sample_every),
+            });
+        }
+        self.workload.validate()?;
+        self.client.validate()
+    }
+
+    /// Builds the engine this scenario runs on.
+    ///
+    /// # Errors
+    ///
+    /// As [`Engine::new`].
+    pub fn build_engine(&self) -> Result<Engine, ConfigError> {
+        Engine::new(&self.plan, self.engine.clone())
+    }
+
+    /// Runs the scenario with its [`GateSpec`].
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] for an invalid scenario, engine or gate; nothing fails once the run started.
+    pub fn run(&self) -> Result<Report, ConfigError> {
+        self.run_with_gate(|context| self.gate.build(context))
+    }
+
+    /// Runs the scenario with a gate of the caller's (a policy under evaluation). `make_gate` gets the
+    /// lab's clock and engine.
+    ///
+    /// # Errors
+    ///
+    /// As [`run`](Self::run), and whatever `make_gate` returns.
+    pub fn run_with_gate(
+        &self,
+        make_gate: impl FnOnce(&GateContext<'_>) -> Result<Box<dyn Gate>, ConfigError>,
+    ) -> Result<Report, ConfigError> {
+        self.validate()?;
+        let engine = self.build_engine()?;
+        lab::run(self, engine, make_gate)
+    }
+}
