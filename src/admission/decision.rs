@@ -142,6 +142,11 @@ impl<C: Clock> Shared<C> {
         let now = now.unwrap_or_else(|| self.clock.now_nanos());
         match self.charge(request.total_tokens(), tenant.as_deref(), now) {
             Ok((charges, now)) => {
+                if tenant.as_ref().is_some_and(|t| t.core().has_waiters()) {
+                    // The tenant has less room now: its waiting heads that no longer fit its own limits
+                    // are parked, so that they hold back nobody behind them.
+                    core.dispatcher.dispatch(core.resources(), None);
+                }
                 let tenant = tenant.map(|t| t as Arc<dyn TenantHandle>);
                 Attempt::Granted(Permit::granted(this(), request, kv, charges, tenant, now))
             }

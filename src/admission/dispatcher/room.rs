@@ -452,11 +452,10 @@ impl Room {
                     }
                 }
                 if res.capacity.try_take_for_waiter(kv, budget).is_err() {
-                    if let Some(tenant) = self.classes[class].tenant(flow).cloned() {
-                        let core = tenant.core();
-                        if core.capacity.release(core.kv_units(kv)) {
-                            self.unpark(res, tenant.as_ref());
-                        }
+                    if let Some(core) = self.classes[class].tenant(flow).map(|t| t.core()) {
+                        // Taken and given back under the lock: no parking decision saw the difference,
+                        // so the tenant's parked flows (if any) stay parked.
+                        let _ = core.capacity.release(core.kv_units(kv));
                     }
                     // Global capacity is short (or closed): nobody passes this head.
                     return false;

@@ -65,6 +65,12 @@ impl TenantCore {
         }
     }
 
+    /// Whether some of the tenant's requests wait.
+    #[inline]
+    pub(crate) fn has_waiters(&self) -> bool {
+        self.queued.load(Ordering::Relaxed) != 0
+    }
+
     /// Nothing in flight and nothing waiting.
     fn is_idle(&self) -> bool {
         self.capacity.slots_used() == 0 && self.queued.load(Ordering::Relaxed) == 0

@@ -1,0 +1,79 @@
+//! Model-based test of the whole admission: random sequences of try_admit / admit (polled by hand) / poll /
+//! cancel / drop / complete / advance (with and without expiry) / resize / close, with tenants (caps, KV
+//! shares, tenant-only token rates, weights), against the exact sequential model in
+//! `support/admission_model.rs`. After every step every outcome equals the model's, and so do every gauge
+//! and bucket, globally and per tenant (conservation); at the end everything is back to zero.
+//!
+//! `PROPTEST_CASES=20000 cargo test --release --test admission_model` for a longer run.
+#![cfg(not(loom))]
+
+#[path = "support/admission_model.rs"]
+mod admission_model;
+
+use admission_model::{Config, Harness, Op, Req, TENANTS};
+use proptest::prelude::*;
+
+/// 512 cases (4 under miri), or `PROPTEST_CASES`.
+fn cases() -> u32 {
+    let default = if cfg!(miri) { 4 } else { 512 };
+    std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn req() -> impl Strategy<Value = Req> {
+    (0u32..40, 0u32..40, 0usize..3, prop::option::of(0u8..TENANTS), prop::option::of(0u64..30))
+        .prop_map(|(prompt, max_new, class, tenant, max_wait_ms)| Req { prompt, max_new, class, tenant, max_wait_ms })
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        10 => req().prop_map(Op::TryAdmit),
+        30 => req().prop_map(Op::Admit),
+        20 => any::<usize>().prop_map(Op::Poll),
+        4 => any::<usize>().prop_map(Op::Cancel),
+        12 => any::<usize>().prop_map(Op::DropPermit),
+        6 => (any::<usize>(), 0u32..50).prop_map(|(i, out)| Op::Complete(i, out)),
+        6 => (0u64..15, any::<bool>()).prop_map(|(ms, expire)| Op::Advance { ms, expire }),
+        3 => (1usize..6).prop_map(Op::SetMaxInFlight),
+        3 => (20u64..200).prop_map(Op::SetKv),
+        1 => Just(Op::Close),
+    ]
+}
+
+fn config() -> impl Strategy<Value = Config> {
+    (
+        (1usize..6, 30u64..200, 0usize..8),
+        (prop::option::of((1u64..3, 1u64..6)), prop::option::of((5u64..40, 80u64..300))),
+        (prop::option::of(1usize..3), prop::option::of(20u8..=100), prop::option::of((5u64..40, 80u64..300))),
+        prop::option::of(0u64..40),
+    )
+        .prop_map(|((max_in_flight, kv_capacity, queue_capacity), (request_rate, token_rate), tenant, wait)| {
+            Config {
+                max_in_flight,
+                kv_capacity,
+                queue_capacity,
+                request_rate,
+                token_rate,
+                tenant_cap: tenant.0,
+                tenant_share_pct: tenant.1,
+                tenant_token_rate: tenant.2,
+                max_queue_wait_ms: wait,
+            }
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(cases()))]
+
+    #[test]
+    fn admission_matches_the_sequential_model(cfg in config(), ops in prop::collection::vec(op(), 1..200)) {
+        let mut h = Harness::new(&cfg);
+        for (step, op) in ops.iter().enumerate() {
+            if let Err(diff) = h.apply(op) {
+                prop_assert!(false, "step {step} {op:?}: {diff}\nconfig {cfg:?}");
+            }
+        }
+        if let Err(diff) = h.finish() {
+            prop_assert!(false, "finish: {diff}\nconfig {cfg:?}");
+        }
+    }
+}

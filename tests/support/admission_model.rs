@@ -1,0 +1,804 @@
+//! The exact sequential model of an admission — global and per-tenant capacity, a global request rate and
+//! token rate, tenant-only token rates, the waiting room with its fair queues (weighted round-robin,
+//! parking at a tenant's own limit), deadlines, resize and close — and a harness that applies the same
+//! operations to the real `Admission` (futures polled by hand) and to the model, and compares them after
+//! every step: every outcome, every gauge, every bucket, per tenant. Shared by
+//! `tests/admission_model.rs` (proptest) and the `admission_ops` fuzz target.
+#![allow(dead_code)]
+
+use kvgate::clock::ManualClock;
+use kvgate::{Admission, Admit, Permit, Priority, Rejection, Request, TenantId, TenantLimits};
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+/// Tenants the operations use (ids 0..TENANTS); tenant 0 has weight 2.
+pub const TENANTS: u8 = 3;
+const CLASSES: [Priority; 3] = [Priority::Batch, Priority::Normal, Priority::Interactive];
+const MS: u64 = 1_000_000;
+
+/// An admission's configuration, in whole tokens per millisecond so that every bucket level is an integer.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub max_in_flight: usize,
+    pub kv_capacity: u64,
+    pub queue_capacity: usize,
+    /// (tokens per ms, burst)
+    pub request_rate: Option<(u64, u64)>,
+    pub token_rate: Option<(u64, u64)>,
+    pub tenant_cap: Option<usize>,
+    /// Tenant KV share in percent (1..=100).
+    pub tenant_share_pct: Option<u8>,
+    pub tenant_token_rate: Option<(u64, u64)>,
+    pub max_queue_wait_ms: Option<u64>,
+}
+
+impl Config {
+    pub fn build(&self, clock: &ManualClock) -> Admission<ManualClock> {
+        let mut b = Admission::builder()
+            .max_in_flight(self.max_in_flight)
+            .kv_capacity_tokens(self.kv_capacity)
+            .queue_capacity(self.queue_capacity)
+            .deadline_timer(false)
+            .clock(clock.clone());
+        if let Some((per_ms, burst)) = self.request_rate {
+            b = b.request_rate(per_ms as f64 * 1000.0, burst as u32);
+        }
+        if let Some((per_ms, burst)) = self.token_rate {
+            b = b.token_rate(per_ms as f64 * 1000.0, burst);
+        }
+        if let Some(ms) = self.max_queue_wait_ms {
+            b = b.max_queue_wait(Duration::from_millis(ms));
+        }
+        let mut limits = TenantLimits::new();
+        if let Some(cap) = self.tenant_cap {
+            limits = limits.max_in_flight(cap);
+        }
+        if let Some(pct) = self.tenant_share_pct {
+            limits = limits.kv_share(f64::from(pct) / 100.0);
+        }
+        if let Some((per_ms, burst)) = self.tenant_token_rate {
+            limits = limits.token_rate(per_ms as f64 * 1000.0, burst);
+        }
+        b.tenant_defaults(limits.clone()).tenant_limits(0u64, limits.weight(2)).build().expect("valid configuration")
+    }
+}
+
+/// One request as the operations describe it.
+#[derive(Debug, Clone, Copy)]
+pub struct Req {
+    pub prompt: u32,
+    pub max_new: u32,
+    pub class: usize,
+    pub tenant: Option<u8>,
+    pub max_wait_ms: Option<u64>,
+}
+
+impl Req {
+    pub fn request(&self) -> Request {
+        let mut r = Request::new(self.prompt, self.max_new).priority(CLASSES[self.class % 3]);
+        if let Some(t) = self.tenant {
+            r = r.tenant(u64::from(t));
+        }
+        if let Some(ms) = self.max_wait_ms {
+            r = r.max_wait(Duration::from_millis(ms));
+        }
+        r
+    }
+    fn total(&self) -> u64 {
+        u64::from(self.prompt) + u64::from(self.max_new)
+    }
+}
+
+/// One operation.
+#[derive(Debug, Clone)]
+pub enum Op {
+    TryAdmit(Req),
+    Admit(Req),
+    Poll(usize),
+    Cancel(usize),
+    DropPermit(usize),
+    Complete(usize, u32),
+    Advance { ms: u64, expire: bool },
+    SetMaxInFlight(usize),
+    SetKv(u64),
+    Close,
+}
+
+/// A bucket in whole tokens.
+#[derive(Debug, Clone, Copy)]
+struct Bucket {
+    level: u64,
+    burst: u64,
+    per_ms: u64,
+}
+
+impl Bucket {
+    fn new((per_ms, burst): (u64, u64)) -> Self {
+        Bucket { level: burst, burst, per_ms }
+    }
+    fn refund(&mut self, n: u64) {
+        self.level = (self.level + n).min(self.burst);
+    }
+    fn advance(&mut self, ms: u64) {
+        self.level = (self.level + ms * self.per_ms).min(self.burst);
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum WState {
+    Waiting,
+    Granted,
+    Ended(&'static str),
+    /// Collected by its owner.
+    Gone,
+}
+
+/// What each bucket was charged.
+#[derive(Debug, Clone, Copy, Default)]
+struct Charges {
+    request: bool,
+    tokens: u64,
+    tenant_tokens: u64,
+}
+
+#[derive(Debug, Clone)]
+struct MWaiter {
+    req: Req,
+    kv: u64,
+    deadline: u64,
+    state: WState,
+    charges: Charges,
+}
+
+#[derive(Debug, Clone)]
+struct MPermit {
+    req: Req,
+    kv: u64,
+    charges: Charges,
+    live: bool,
+}
+
+#[derive(Debug, Clone, Default)]
+struct MTenant {
+    in_flight: usize,
+    kv_used: u64,
+    tokens: Option<Bucket>,
+}
+
+/// `None` is the anonymous flow.
+type FlowKey = Option<u8>;
+
+#[derive(Debug, Clone)]
+struct MFlow {
+    key: FlowKey,
+    queue: VecDeque<usize>,
+    parked: bool,
+}
+
+#[derive(Debug, Clone, Default)]
+struct MClass {
+    flows: Vec<MFlow>,
+    ring: VecDeque<FlowKey>,
+    served_in_turn: u32,
+}
+
+impl MClass {
+    fn flow(&mut self, key: FlowKey) -> Option<&mut MFlow> {
+        self.flows.iter_mut().find(|f| f.key == key)
+    }
+    fn remove_flow(&mut self, key: FlowKey) {
+        if self.ring.front() == Some(&key) {
+            self.served_in_turn = 0;
+        }
+        self.ring.retain(|k| *k != key);
+        self.flows.retain(|f| f.key != key);
+    }
+}
+
+/// The sequential model.
+#[derive(Debug, Clone)]
+pub struct Model {
+    cfg: Config,
+    now_ms: u64,
+    closed: bool,
+    max_in_flight: usize,
+    budget: u64,
+    in_flight: usize,
+    kv_used: u64,
+    requests: Option<Bucket>,
+    tokens: Option<Bucket>,
+    tenants: Vec<MTenant>,
+    waiters: Vec<MWaiter>,
+    permits: Vec<MPermit>,
+    classes: [MClass; 3],
+}
+
+impl Model {
+    pub fn new(cfg: &Config) -> Self {
+        Model {
+            now_ms: 0,
+            closed: false,
+            max_in_flight: cfg.max_in_flight,
+            budget: cfg.kv_capacity,
+            in_flight: 0,
+            kv_used: 0,
+            requests: cfg.request_rate.map(Bucket::new),
+            tokens: cfg.token_rate.map(Bucket::new),
+            tenants: (0..TENANTS)
+                .map(|_| MTenant { tokens: cfg.tenant_token_rate.map(Bucket::new), ..MTenant::default() })
+                .collect(),
+            waiters: Vec::new(),
+            permits: Vec::new(),
+            classes: Default::default(),
+            cfg: cfg.clone(),
+        }
+    }
+
+    fn weight(key: FlowKey) -> u32 {
+        if key == Some(0) { 2 } else { 1 }
+    }
+
+    fn share_limit(&self) -> Option<u64> {
+        self.cfg.tenant_share_pct.map(|pct| ((self.budget as f64) * (f64::from(pct) / 100.0)).floor().max(1.0) as u64)
+    }
+
+    /// KV the tenant's own capacity counts.
+    fn tenant_kv(&self, kv: u64) -> u64 {
+        if self.cfg.tenant_share_pct.is_some() { kv } else { 0 }
+    }
+
+    fn global_fits(&self, kv: u64) -> bool {
+        self.in_flight < self.max_in_flight && self.kv_used + kv <= self.budget
+    }
+
+    fn tenant_fits(&self, t: u8, kv: u64) -> bool {
+        let tenant = &self.tenants[usize::from(t)];
+        let cap_ok = self.cfg.tenant_cap.is_none_or(|cap| tenant.in_flight < cap);
+        let share_ok = self.share_limit().is_none_or(|limit| tenant.kv_used + kv <= limit);
+        cap_ok && share_ok
+    }
+
+    fn held_back(&self, class: usize) -> bool {
+        (class..3).any(|c| !self.classes[c].ring.is_empty())
+    }
+
+    fn tenant_parked_at_or_above(&self, t: u8, class: usize) -> bool {
+        (class..3).any(|c| self.classes[c].flows.iter().any(|f| f.key == Some(t) && f.parked))
+    }
+
+    fn take(&mut self, kv: u64, tenant: Option<u8>) {
+        self.in_flight += 1;
+        self.kv_used += kv;
+        if let Some(t) = tenant {
+            let tkv = self.tenant_kv(kv);
+            let tenant = &mut self.tenants[usize::from(t)];
+            tenant.in_flight += 1;
+            tenant.kv_used += tkv;
+        }
+    }
+
+    /// Returns capacity; a tenant with parked flows gets them back into their rings. Then a pass.
+    fn give(&mut self, kv: u64, tenant: Option<u8>) {
+        self.in_flight -= 1;
+        self.kv_used -= kv;
+        if let Some(t) = tenant {
+            let tkv = self.tenant_kv(kv);
+            let tenant = &mut self.tenants[usize::from(t)];
+            tenant.in_flight -= 1;
+            tenant.kv_used -= tkv;
+            self.unpark(t);
+        }
+        self.pass();
+    }
+
+    fn unpark(&mut self, t: u8) {
+        for class in &mut self.classes {
+            if let Some(flow) = class.flow(Some(t)) {
+                if flow.parked {
+                    flow.parked = false;
+                    class.ring.push_back(Some(t));
+                }
+            }
+        }
+    }
+
+    fn pass(&mut self) {
+        if self.closed {
+            return;
+        }
+        for class in (0..3).rev() {
+            loop {
+                let Some(&key) = self.classes[class].ring.front() else { break };
+                let id = *self.classes[class].flow(key).unwrap().queue.front().unwrap();
+                let kv = self.waiters[id].kv;
+                if let Some(t) = key {
+                    if !self.tenant_fits(t, self.tenant_kv(kv)) {
+                        let c = &mut self.classes[class];
+                        c.ring.pop_front();
+                        c.served_in_turn = 0;
+                        c.flow(key).unwrap().parked = true;
+                        continue;
+                    }
+                }
+                if !self.global_fits(kv) {
+                    return;
+                }
+                self.take(kv, key);
+                self.waiters[id].state = WState::Granted;
+                let c = &mut self.classes[class];
+                c.flow(key).unwrap().queue.pop_front();
+                if c.flow(key).unwrap().queue.is_empty() {
+                    c.remove_flow(key);
+                } else {
+                    c.served_in_turn += 1;
+                    if c.served_in_turn >= Self::weight(key) {
+                        c.served_in_turn = 0;
+                        if c.ring.len() > 1 {
+                            let k = c.ring.pop_front().unwrap();
+                            c.ring.push_back(k);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Takes `id` out of its flow (it stops waiting).
+    fn leave(&mut self, id: usize, to: WState) {
+        let req = self.waiters[id].req;
+        let class = &mut self.classes[req.class % 3];
+        let flow = class.flow(req.tenant).unwrap();
+        flow.queue.retain(|&w| w != id);
+        if flow.queue.is_empty() {
+            class.remove_flow(req.tenant);
+        }
+        self.waiters[id].state = to;
+    }
+
+    fn refund(&mut self, c: Charges, tenant: Option<u8>) {
+        if c.request {
+            self.requests.as_mut().unwrap().refund(1);
+        }
+        if c.tokens != 0 {
+            self.tokens.as_mut().unwrap().refund(c.tokens);
+        }
+        if c.tenant_tokens != 0 {
+            self.tenants[usize::from(tenant.unwrap())].tokens.as_mut().unwrap().refund(c.tenant_tokens);
+        }
+    }
+
+    /// Charges every rate, all or nothing.
+    fn charge(&mut self, req: &Req) -> Result<Charges, &'static str> {
+        let total = req.total();
+        let mut c = Charges::default();
+        if let Some(b) = &mut self.requests {
+            if b.level < 1 {
+                return Err("rate_limited");
+            }
+            b.level -= 1;
+            c.request = true;
+        }
+        if let Some(b) = &mut self.tokens {
+            if b.level < total {
+                self.refund(c, None);
+                return Err("rate_limited");
+            }
+            b.level -= total;
+            c.tokens = total;
+        }
+        if let Some(t) = req.tenant {
+            if let Some(b) = &mut self.tenants[usize::from(t)].tokens {
+                if b.level < total {
+                    self.refund(c, None);
+                    return Err("rate_limited");
+                }
+                b.level -= total;
+                c.tenant_tokens = total;
+            }
+        }
+        Ok(c)
+    }
+
+    /// What waiting never changes.
+    fn validate(&self, req: &Req) -> Result<u64, &'static str> {
+        let total = req.total();
+        if total == 0 {
+            return Err("invalid");
+        }
+        if self.closed {
+            return Err("closed");
+        }
+        if total > self.budget || self.tokens.is_some_and(|b| total > b.burst) {
+            return Err("too_large");
+        }
+        if req.tenant.is_some() {
+            if self.share_limit().is_some_and(|limit| total > limit) {
+                return Err("too_large");
+            }
+            if self.cfg.tenant_token_rate.is_some_and(|(_, burst)| total > burst) {
+                return Err("too_large");
+            }
+        }
+        Ok(total)
+    }
+
+    fn grant(&mut self, req: Req, kv: u64, charges: Charges) -> usize {
+        self.permits.push(MPermit { req, kv, charges, live: true });
+        self.permits.len() - 1
+    }
+
+    /// `Ok(permit)`, `Err(Ok(waiter))` (queued), or `Err(Err(reason))`.
+    fn decide(&mut self, req: Req, may_wait: bool) -> Result<usize, Result<usize, &'static str>> {
+        let kv = self.validate(&req).map_err(Err)?;
+        let class = req.class % 3;
+        if self.held_back(class) || !self.global_fits(kv) {
+            return if may_wait { self.queue(req, kv, "no_capacity") } else { Err(Err("no_capacity")) };
+        }
+        if let Some(t) = req.tenant {
+            if self.tenant_parked_at_or_above(t, class) || !self.tenant_fits(t, self.tenant_kv(kv)) {
+                let cap_ok = self.cfg.tenant_cap.is_none_or(|cap| self.tenants[usize::from(t)].in_flight < cap);
+                if !self.tenant_parked_at_or_above(t, class) && cap_ok {
+                    // The real admission took the tenant's slot, found its KV share short and gave the slot
+                    // back; a parked flow of the tenant may have missed that slot, so it is unparked.
+                    self.unpark(t);
+                    self.pass();
+                }
+                return if may_wait { self.queue(req, kv, "rate_limited") } else { Err(Err("rate_limited")) };
+            }
+        }
+        match self.charge(&req) {
+            Ok(charges) => {
+                self.take(kv, req.tenant);
+                // The tenant has less room: its heads that no longer fit are parked (a pass changes
+                // nothing when it has no waiters).
+                self.pass();
+                Ok(self.grant(req, kv, charges))
+            }
+            Err(reason) => {
+                // The real admission took capacity before the rates and gives it back now (possibly
+                // unparking its tenant's parked flows).
+                self.take(kv, req.tenant);
+                self.give(kv, req.tenant);
+                Err(Err(reason))
+            }
+        }
+    }
+
+    fn queue(&mut self, req: Req, kv: u64, held_by: &'static str) -> Result<usize, Result<usize, &'static str>> {
+        if self.cfg.queue_capacity == 0 {
+            return Err(Err(held_by));
+        }
+        let charges = self.charge(&req).map_err(Err)?;
+        let wait = match (req.max_wait_ms, self.cfg.max_queue_wait_ms) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let deadline = wait.map_or(u64::MAX, |w| (self.now_ms + w) * MS);
+        let now = self.now_ms * MS;
+        let class = req.class % 3;
+        let refused = if deadline <= now {
+            Some("timed_out")
+        } else if self.closed {
+            Some("closed")
+        } else if self.queued_in(class) >= self.cfg.queue_capacity {
+            Some("queue_full")
+        } else {
+            None
+        };
+        if let Some(reason) = refused {
+            self.refund(charges, req.tenant);
+            return Err(Err(reason));
+        }
+        self.waiters.push(MWaiter { req, kv, deadline, state: WState::Waiting, charges });
+        let id = self.waiters.len() - 1;
+        let c = &mut self.classes[class];
+        match c.flow(req.tenant) {
+            Some(flow) => flow.queue.push_back(id),
+            None => {
+                c.flows.push(MFlow { key: req.tenant, queue: VecDeque::from([id]), parked: false });
+                c.ring.push_back(req.tenant);
+            }
+        }
+        self.pass();
+        if self.waiters[id].state == WState::Granted {
+            self.waiters[id].state = WState::Gone;
+            return Ok(self.grant(req, kv, charges));
+        }
+        Err(Ok(id))
+    }
+
+    fn queued_in(&self, class: usize) -> usize {
+        self.waiters.iter().filter(|w| w.state == WState::Waiting && w.req.class % 3 == class).count()
+    }
+
+    fn poll(&mut self, id: usize) -> Option<Result<usize, &'static str>> {
+        match self.waiters[id].state {
+            WState::Waiting if self.now_ms * MS < self.waiters[id].deadline => None,
+            WState::Waiting => {
+                self.leave(id, WState::Gone);
+                self.pass();
+                let w = self.waiters[id].clone();
+                self.refund(w.charges, w.req.tenant);
+                Some(Err("timed_out"))
+            }
+            WState::Granted => {
+                self.waiters[id].state = WState::Gone;
+                let w = self.waiters[id].clone();
+                Some(Ok(self.grant(w.req, w.kv, w.charges)))
+            }
+            WState::Ended(reason) => {
+                self.waiters[id].state = WState::Gone;
+                let w = self.waiters[id].clone();
+                self.refund(w.charges, w.req.tenant);
+                Some(Err(reason))
+            }
+            WState::Gone => unreachable!("polled after it resolved"),
+        }
+    }
+
+    fn cancel(&mut self, id: usize) {
+        let w = self.waiters[id].clone();
+        match w.state {
+            WState::Waiting => {
+                self.leave(id, WState::Gone);
+                self.pass();
+            }
+            WState::Granted => {
+                self.waiters[id].state = WState::Gone;
+                self.give(w.kv, w.req.tenant);
+            }
+            _ => self.waiters[id].state = WState::Gone,
+        }
+        self.refund(w.charges, w.req.tenant);
+    }
+
+    fn drop_permit(&mut self, pid: usize) {
+        let p = self.permits[pid].clone();
+        self.permits[pid].live = false;
+        self.give(p.kv, p.req.tenant);
+    }
+
+    fn complete(&mut self, pid: usize, output: u32) {
+        let p = self.permits[pid].clone();
+        let unused = u64::from(p.req.max_new.saturating_sub(output));
+        let refund = Charges {
+            request: false,
+            tokens: p.charges.tokens.min(unused),
+            tenant_tokens: p.charges.tenant_tokens.min(unused),
+        };
+        self.refund(refund, p.req.tenant);
+        self.drop_permit(pid);
+    }
+
+    fn advance(&mut self, ms: u64, expire: bool) {
+        self.now_ms += ms;
+        for b in self.requests.iter_mut().chain(self.tokens.iter_mut()) {
+            b.advance(ms);
+        }
+        for t in &mut self.tenants {
+            if let Some(b) = &mut t.tokens {
+                b.advance(ms);
+            }
+        }
+        if expire {
+            let now = self.now_ms * MS;
+            let expired: Vec<usize> = (0..self.waiters.len())
+                .filter(|&i| self.waiters[i].state == WState::Waiting && self.waiters[i].deadline <= now)
+                .collect();
+            for id in expired {
+                self.leave(id, WState::Ended("timed_out"));
+            }
+            self.pass();
+        }
+    }
+
+    fn set_kv(&mut self, n: u64) {
+        self.budget = n;
+        let share = self.share_limit();
+        let too_large: Vec<usize> = (0..self.waiters.len())
+            .filter(|&i| {
+                let w = &self.waiters[i];
+                w.state == WState::Waiting
+                    && (w.kv > n || (w.req.tenant.is_some() && share.is_some_and(|limit| w.kv > limit)))
+            })
+            .collect();
+        for id in too_large {
+            self.leave(id, WState::Ended("too_large"));
+        }
+        self.pass();
+    }
+
+    fn close(&mut self) {
+        self.closed = true;
+        let waiting: Vec<usize> =
+            (0..self.waiters.len()).filter(|&i| self.waiters[i].state == WState::Waiting).collect();
+        for id in waiting {
+            self.leave(id, WState::Ended("closed"));
+        }
+    }
+}
+
+/// The real admission next to the model, with the live futures and permits of both.
+pub struct Harness {
+    pub clock: ManualClock,
+    pub admission: Admission<ManualClock>,
+    pub model: Model,
+    /// (future, model waiter id)
+    futures: Vec<(Admit, usize)>,
+    /// (permit, model permit id)
+    permits: Vec<(Permit, usize)>,
+}
+
+fn poll_once(fut: &mut Admit) -> Poll<Result<Permit, Rejection>> {
+    Pin::new(fut).poll(&mut Context::from_waker(Waker::noop()))
+}
+
+fn check_rejection(r: &Rejection) -> Result<(), String> {
+    match r.retry_after() {
+        Some(d) if d.is_zero() => Err(format!("zero retry hint in {r:?}")),
+        _ => Ok(()),
+    }
+}
+
+impl Harness {
+    pub fn new(cfg: &Config) -> Self {
+        let clock = ManualClock::new();
+        let admission = cfg.build(&clock);
+        Harness { admission, model: Model::new(cfg), clock, futures: Vec::new(), permits: Vec::new() }
+    }
+
+    /// Applies `op` to both and compares; `Err` describes the first difference.
+    pub fn apply(&mut self, op: &Op) -> Result<(), String> {
+        match op {
+            Op::TryAdmit(req) => {
+                let real = self.admission.try_admit(&req.request());
+                let model = self.model.decide(*req, false);
+                match (real, model) {
+                    (Ok(p), Ok(pid)) => self.permits.push((p, pid)),
+                    (Err(r), Err(Err(reason))) if r.reason() == reason => check_rejection(&r)?,
+                    (real, model) => return Err(format!("try_admit {req:?}: real {real:?}, model {model:?}")),
+                }
+            }
+            Op::Admit(req) => {
+                let mut fut = self.admission.admit(&req.request());
+                let real = poll_once(&mut fut);
+                let model = self.model.decide(*req, true);
+                match (real, model) {
+                    (Poll::Ready(Ok(p)), Ok(pid)) => self.permits.push((p, pid)),
+                    (Poll::Pending, Err(Ok(id))) => self.futures.push((fut, id)),
+                    (Poll::Ready(Err(r)), Err(Err(reason))) if r.reason() == reason => check_rejection(&r)?,
+                    (real, model) => return Err(format!("admit {req:?}: real {real:?}, model {model:?}")),
+                }
+            }
+            Op::Poll(i) if !self.futures.is_empty() => {
+                let i = i % self.futures.len();
+                let id = self.futures[i].1;
+                let real = poll_once(&mut self.futures[i].0);
+                let model = self.model.poll(id);
+                match (real, model) {
+                    (Poll::Pending, None) => {}
+                    (Poll::Ready(Ok(p)), Some(Ok(pid))) => {
+                        self.futures.swap_remove(i);
+                        self.permits.push((p, pid));
+                    }
+                    (Poll::Ready(Err(r)), Some(Err(reason))) if r.reason() == reason => {
+                        check_rejection(&r)?;
+                        self.futures.swap_remove(i);
+                    }
+                    (real, model) => return Err(format!("poll waiter {id}: real {real:?}, model {model:?}")),
+                }
+            }
+            Op::Cancel(i) if !self.futures.is_empty() => {
+                let (fut, id) = self.futures.swap_remove(i % self.futures.len());
+                drop(fut);
+                self.model.cancel(id);
+            }
+            Op::DropPermit(i) if !self.permits.is_empty() => {
+                let (permit, pid) = self.permits.swap_remove(i % self.permits.len());
+                drop(permit);
+                self.model.drop_permit(pid);
+            }
+            Op::Complete(i, output) if !self.permits.is_empty() => {
+                let (permit, pid) = self.permits.swap_remove(i % self.permits.len());
+                permit.complete(*output);
+                self.model.complete(pid, *output);
+            }
+            Op::Advance { ms, expire } => {
+                self.clock.advance(Duration::from_millis(*ms));
+                if *expire {
+                    self.admission.expire_waiters();
+                }
+                self.model.advance(*ms, *expire);
+            }
+            Op::SetMaxInFlight(n) => {
+                self.admission.set_max_in_flight(*n).map_err(|e| e.to_string())?;
+                self.model.max_in_flight = *n;
+                self.model.pass();
+            }
+            Op::SetKv(n) => {
+                self.admission.set_kv_capacity(*n).map_err(|e| e.to_string())?;
+                self.model.set_kv(*n);
+            }
+            Op::Close => {
+                self.admission.close();
+                self.model.close();
+            }
+            Op::Poll(_) | Op::Cancel(_) | Op::DropPermit(_) | Op::Complete(..) => {}
+        }
+        self.compare()
+    }
+
+    /// Every gauge and bucket, global and per tenant.
+    pub fn compare(&self) -> Result<(), String> {
+        let s = self.admission.snapshot();
+        let m = &self.model;
+        let queued = m.waiters.iter().filter(|w| w.state == WState::Waiting).count();
+        let real = (s.in_flight, s.kv_used, s.queued, s.kv_capacity, s.closed);
+        let model = (m.in_flight, m.kv_used, queued, m.budget, m.closed);
+        if real != model {
+            return Err(format!("(in_flight, kv_used, queued, kv_capacity, closed): real {real:?}, model {model:?}"));
+        }
+        for (class, p) in CLASSES.iter().enumerate() {
+            if self.admission.queued_in(*p) != m.queued_in(class) {
+                return Err(format!(
+                    "queued in class {class}: real {}, model {}",
+                    self.admission.queued_in(*p),
+                    m.queued_in(class)
+                ));
+            }
+        }
+        let global = self.admission.rate_status(None);
+        let level = |b: Option<kvgate::RateStatus>| b.map(|b| b.remaining);
+        if level(global.requests) != m.requests.map(|b| b.level) || level(global.tokens) != m.tokens.map(|b| b.level) {
+            return Err(format!("global buckets: real {global:?}, model {:?} {:?}", m.requests, m.tokens));
+        }
+        let busiest = self.admission.busiest_tenants(usize::from(TENANTS) + 1);
+        for t in 0..TENANTS {
+            let real_in_flight = busiest.iter().find(|(id, _)| *id == TenantId::from(u64::from(t))).map_or(0, |e| e.1);
+            let tenant = &m.tenants[usize::from(t)];
+            if real_in_flight as usize != tenant.in_flight {
+                return Err(format!("tenant {t} in flight: real {real_in_flight}, model {}", tenant.in_flight));
+            }
+            if m.tokens.is_none() {
+                let real = level(self.admission.rate_status(Some(u64::from(t).into())).tokens);
+                if real != tenant.tokens.map(|b| b.level) {
+                    return Err(format!("tenant {t} token bucket: real {real:?}, model {:?}", tenant.tokens));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Polls every waiter until none resolves in a whole round, drops everything, and checks that all is
+    /// back to zero.
+    pub fn finish(mut self) -> Result<(), String> {
+        loop {
+            let before = self.futures.len();
+            let mut i = 0;
+            while i < self.futures.len() {
+                let n = self.futures.len();
+                self.apply(&Op::Poll(i))?;
+                if self.futures.len() == n {
+                    i += 1;
+                }
+            }
+            if self.futures.len() == before {
+                break;
+            }
+        }
+        while !self.futures.is_empty() {
+            self.apply(&Op::Cancel(0))?;
+        }
+        while !self.permits.is_empty() {
+            self.apply(&Op::DropPermit(0))?;
+        }
+        let s = self.admission.snapshot();
+        if (s.in_flight, s.kv_used, s.queued) != (0, 0, 0) {
+            return Err(format!("left over after everything was dropped: {s:?}"));
+        }
+        self.compare()
+    }
+}
