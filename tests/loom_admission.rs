@@ -8,6 +8,7 @@
 use futures::FutureExt;
 use kvgate::{Admission, Request};
 use loom::thread;
+use std::future::Future;
 
 fn req(tokens: u32) -> Request {
     Request::new(tokens, 0)
@@ -89,5 +90,88 @@ fn two_waiters_one_releaser_fifo() {
         drop(p1);
         drop(second.now_or_never().expect("second waiter granted next").unwrap());
         assert_eq!(a.snapshot().in_flight, 0);
+    });
+}
+
+/// Close racing a grant: when `close()` returns, every waiter has resolved — granted before the close, or
+/// `Closed` — and nothing is granted afterwards.
+#[test]
+fn close_racing_a_grant_grants_nothing_after_close() {
+    loom::model(|| {
+        let a = Admission::builder().max_in_flight(1).queue_capacity(2).build().unwrap();
+        let held = a.try_admit(&req(1)).unwrap();
+        let mut waiting = a.admit(&req(1));
+        assert!((&mut waiting).now_or_never().is_none());
+        let releaser = thread::spawn(move || drop(held));
+        a.close();
+        let outcome = (&mut waiting).now_or_never().expect("a waiter still waiting after close() returned");
+        releaser.join().unwrap();
+        let granted = outcome.is_ok();
+        assert!(granted || outcome.as_ref().unwrap_err() == &kvgate::Rejection::Closed);
+        assert_eq!(a.snapshot().in_flight, usize::from(granted), "a grant after close() returned");
+        drop(outcome);
+        assert_eq!(a.snapshot().in_flight, 0);
+    });
+}
+
+/// A waker that panics.
+struct Panicking;
+
+impl std::task::Wake for Panicking {
+    fn wake(self: std::sync::Arc<Self>) {
+        panic!("a waker that panics");
+    }
+}
+
+/// A panicking waker, woken by a release on another thread, stops nothing: the release returns normally,
+/// the waiter keeps its grant, later requests are admitted.
+#[test]
+fn a_panicking_waker_stops_nothing() {
+    loom::model(|| {
+        let a = Admission::builder().max_in_flight(1).queue_capacity(2).build().unwrap();
+        let held = a.try_admit(&req(1)).unwrap();
+        let mut waiting = a.admit(&req(1));
+        let waker = std::task::Waker::from(std::sync::Arc::new(Panicking));
+        let polled = std::pin::Pin::new(&mut waiting).poll(&mut std::task::Context::from_waker(&waker));
+        assert!(polled.is_pending());
+        let releaser = thread::spawn(move || drop(held));
+        releaser.join().unwrap();
+        let permit = waiting.now_or_never().expect("granted").unwrap();
+        drop(permit);
+        assert!(a.try_admit(&req(1)).is_ok());
+        assert_eq!(a.snapshot().in_flight, 0);
+    });
+}
+
+/// A tenant's waiter cancelled while a release grants it: the slot, the KV and every rate charge — the
+/// global request bucket and the tenant's token bucket — come back exactly once.
+#[test]
+fn cancelling_a_tenant_waiter_racing_a_release_keeps_every_bucket_whole() {
+    loom::model(|| {
+        let clock = kvgate::clock::ManualClock::new();
+        let a = Admission::builder()
+            .max_in_flight(1)
+            .kv_capacity_tokens(8)
+            .queue_capacity(2)
+            .request_rate(0.001, 4)
+            .tenant_defaults(kvgate::TenantLimits::new().token_rate(0.001, 10).max_in_flight(1))
+            .deadline_timer(false)
+            .clock(clock)
+            .build()
+            .unwrap();
+        let alice = || Request::new(0, 4).tenant("alice");
+        let held = a.try_admit(&alice()).unwrap();
+        let mut waiting = a.admit(&alice());
+        assert!((&mut waiting).now_or_never().is_none());
+        let canceller = thread::spawn(move || drop(waiting));
+        held.complete(0);
+        canceller.join().unwrap();
+        let s = a.snapshot();
+        assert_eq!((s.in_flight, s.kv_used, s.queued), (0, 0, 0));
+        let rates = a.rate_status(Some("alice".into()));
+        // One request was admitted and kept its request charge; everything else came back.
+        assert_eq!(rates.requests.unwrap().remaining, 3);
+        assert_eq!(rates.tokens.unwrap().remaining, 10);
+        assert_eq!(a.busiest_tenants(1), Vec::new());
     });
 }

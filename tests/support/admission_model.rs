@@ -310,8 +310,7 @@ impl Model {
             return;
         }
         for class in (0..3).rev() {
-            loop {
-                let Some(&key) = self.classes[class].ring.front() else { break };
+            while let Some(&key) = self.classes[class].ring.front() {
                 let id = *self.classes[class].flow(key).unwrap().queue.front().unwrap();
                 let kv = self.waiters[id].kv;
                 if let Some(t) = key {
@@ -681,12 +680,12 @@ impl Harness {
                 match (real, model) {
                     (Poll::Pending, None) => {}
                     (Poll::Ready(Ok(p)), Some(Ok(pid))) => {
-                        self.futures.swap_remove(i);
+                        drop(self.futures.swap_remove(i));
                         self.permits.push((p, pid));
                     }
                     (Poll::Ready(Err(r)), Some(Err(reason))) if r.reason() == reason => {
                         check_rejection(&r)?;
-                        self.futures.swap_remove(i);
+                        drop(self.futures.swap_remove(i));
                     }
                     (real, model) => return Err(format!("poll waiter {id}: real {real:?}, model {model:?}")),
                 }
