@@ -83,6 +83,9 @@ pub(crate) fn queue_wait(nanos: u64) {
     let _ = nanos;
 }
 
+/// Whether waiters should read the clock to report their queue time.
+pub(crate) const QUEUE_TIMES: bool = cfg!(feature = "metrics");
+
 /// Whether permit drops should read the clock to report their hold time.
 pub(crate) const HOLD_TIMES: bool = cfg!(feature = "metrics");
 

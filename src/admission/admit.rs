@@ -112,7 +112,9 @@ fn finish(owner: &Arc<dyn Owner>, request: &Request, ticket: Ticket, outcome: Ou
     match outcome {
         Outcome::Granted => {
             let now = owner.now_nanos();
-            crate::telemetry::queue_wait(now.saturating_sub(ticket.queued_at));
+            if crate::telemetry::QUEUE_TIMES {
+                crate::telemetry::queue_wait(now.saturating_sub(ticket.queued_at));
+            }
             Ok(Permit::granted(Arc::clone(owner), request, ticket.kv, ticket.charges, ticket.tenant, now))
         }
         Outcome::Ended(rejection) => {
@@ -149,7 +151,8 @@ impl Future for Admit {
             State::Done => panic!("`Admit` polled after it completed"),
             State::Waiting(ticket) => {
                 let core = this.owner.core();
-                let now = this.owner.now_nanos();
+                // Only a waiter with a deadline needs the time to poll.
+                let now = if ticket.deadline == u64::MAX { 0 } else { this.owner.now_nanos() };
                 match core.dispatcher.poll(core.resources(), ticket.key, now, Some(cx.waker())) {
                     None => Poll::Pending,
                     Some(outcome) => {

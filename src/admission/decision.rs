@@ -225,10 +225,6 @@ impl<C: Clock> Shared<C> {
             return Attempt::Refused(self.refusal(held_by, request.priority.index(), tenant.as_deref()));
         }
         let total = request.total_tokens();
-        let (charges, now) = match self.charge(total, tenant.as_deref(), self.clock.now_nanos()) {
-            Ok(charged) => charged,
-            Err(rejection) => return Attempt::Refused(rejection),
-        };
         let limit = match (request.max_wait.map(crate::clock::duration_to_nanos), self.max_queue_wait) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -236,6 +232,16 @@ impl<C: Clock> Shared<C> {
         let limit = match (limit, wait.timeout.map(crate::clock::duration_to_nanos)) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
+        };
+        // The clock is read only when something needs the time: a rate, a deadline, or queue-time metrics.
+        let needs_time = limit.is_some()
+            || !self.rates.is_empty()
+            || tenant.as_ref().is_some_and(|t| t.has_rates())
+            || crate::telemetry::QUEUE_TIMES;
+        let now = if needs_time { self.clock.now_nanos() } else { 0 };
+        let (charges, now) = match self.charge(total, tenant.as_deref(), now) {
+            Ok(charged) => charged,
+            Err(rejection) => return Attempt::Refused(rejection),
         };
         let deadline = limit.map_or(u64::MAX, |w| now.saturating_add(w));
         let tenant: Option<Arc<dyn TenantHandle>> = tenant.map(|t| t as Arc<dyn TenantHandle>);

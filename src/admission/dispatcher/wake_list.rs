@@ -9,26 +9,36 @@
 //! already, where a second panic would abort the process). The waiter it belonged to keeps its grant.
 
 use super::waiter::Wake;
+use std::fmt;
+use std::mem::MaybeUninit;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 /// Wake-ups held at once; a pass that grants more releases the lock to run them in batches.
 const CAPACITY: usize = 32;
 
-/// A bounded list of wake-ups to run outside the lock; it lives on the stack (no allocation).
-#[derive(Debug)]
+/// A bounded list of wake-ups to run outside the lock; it lives on the stack (no allocation) and costs
+/// nothing to create: its slots stay uninitialized until used.
+///
+/// Invariant: `items[..len]` are initialized and owned by the list; `items[len..]` are not.
 pub(crate) struct WakeList {
-    items: [Option<Wake>; CAPACITY],
+    items: [MaybeUninit<Wake>; CAPACITY],
     len: usize,
+}
+
+impl fmt::Debug for WakeList {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WakeList").field("len", &self.len).finish()
+    }
 }
 
 impl WakeList {
     pub(crate) fn new() -> Self {
-        Self { items: [const { None }; CAPACITY], len: 0 }
+        Self { items: [const { MaybeUninit::uninit() }; CAPACITY], len: 0 }
     }
 
     pub(crate) fn push(&mut self, wake: Wake) {
         assert!(self.len < CAPACITY, "a pass checks `is_full` before granting");
-        self.items[self.len] = Some(wake);
+        self.items[self.len].write(wake);
         self.len += 1;
     }
 
@@ -44,12 +54,15 @@ impl WakeList {
     /// Runs every wake-up; returns how many panicked. Call with no lock held.
     pub(crate) fn wake_all(&mut self) -> u64 {
         let mut panicked = 0;
+        // Take the items out of the list first, so that a wake-up that unwinds out of `catch_unwind`
+        // (it cannot, but a drop of the `Wake` could) never leaves an item owned twice.
         let len = std::mem::replace(&mut self.len, 0);
         for slot in &mut self.items[..len] {
-            if let Some(wake) = slot.take() {
-                if catch_unwind(AssertUnwindSafe(|| wake.wake())).is_err() {
-                    panicked += 1;
-                }
+            // SAFETY: `slot` is in `items[..len]`, initialized by `push` (invariant); `len` was reset to 0
+            // above, so the list no longer owns it and it is read exactly once.
+            let wake = unsafe { slot.assume_init_read() };
+            if catch_unwind(AssertUnwindSafe(|| wake.wake())).is_err() {
+                panicked += 1;
             }
         }
         panicked
@@ -60,6 +73,8 @@ impl Drop for WakeList {
     /// Wake-ups still held when the list is dropped (an unwinding pass) are run, so nobody sleeps through
     /// a grant.
     fn drop(&mut self) {
-        self.wake_all();
+        if self.len != 0 {
+            self.wake_all();
+        }
     }
 }
