@@ -67,14 +67,15 @@ enum State {
 /// ```
 #[must_use = "futures do nothing unless polled"]
 pub struct Admit {
-    owner: Arc<dyn Owner>,
+    /// The admission; moved into the permit when the wait ends granted (`None` after that).
+    owner: Option<Arc<dyn Owner>>,
     request: Request,
     state: State,
 }
 
 impl Admit {
     pub(crate) fn new(owner: Arc<dyn Owner>, request: Request) -> Self {
-        Self { owner, request, state: State::Start }
+        Self { owner: Some(owner), request, state: State::Start }
     }
 
     /// The request this future admits.
@@ -87,12 +88,8 @@ impl Admit {
         matches!(self.state, State::Waiting(_))
     }
 
-    fn resolve(&mut self, result: Result<Permit, Rejection>) -> Poll<Result<Permit, Rejection>> {
-        self.state = State::Done;
-        if let Err(rejection) = &result {
-            self.owner.core().count_rejection(rejection, self.request.tenant.is_some());
-        }
-        Poll::Ready(result)
+    fn owner(&self) -> &Arc<dyn Owner> {
+        self.owner.as_ref().expect("`Admit` polled after it completed")
     }
 }
 
@@ -107,18 +104,20 @@ fn start(owner: &Arc<dyn Owner>, request: &Request, wait: WaitSpec) -> Attempt {
     attempt
 }
 
-/// Turns a resolved wait into its result; a rejection gives back the ticket's rate charges.
-fn finish(owner: &Arc<dyn Owner>, request: &Request, ticket: Ticket, outcome: Outcome) -> Result<Permit, Rejection> {
+/// Turns a resolved wait into its result: a permit (the owner handle moves into it: the waiting side
+/// needs it no more), or a rejection, counted, with the ticket's rate charges given back.
+fn finish(owner: Arc<dyn Owner>, request: &Request, ticket: Ticket, outcome: Outcome) -> Result<Permit, Rejection> {
     match outcome {
         Outcome::Granted => {
             let now = owner.now_nanos();
             if crate::telemetry::QUEUE_TIMES {
                 crate::telemetry::queue_wait(now.saturating_sub(ticket.queued_at));
             }
-            Ok(Permit::granted(Arc::clone(owner), request, ticket.kv, ticket.charges, ticket.tenant, now))
+            Ok(Permit::granted(owner, request, ticket.kv, ticket.charges, ticket.tenant, now))
         }
         Outcome::Ended(rejection) => {
             owner.refund(ticket.charges, ticket.tenant.as_deref());
+            owner.core().count_rejection(&rejection, request.tenant.is_some());
             Err(rejection)
         }
     }
@@ -127,7 +126,7 @@ fn finish(owner: &Arc<dyn Owner>, request: &Request, ticket: Ticket, outcome: Ou
 /// Gives back whatever a waiter holds when its owner stops waiting for it.
 fn abandon(owner: &dyn Owner, ticket: &Ticket) {
     let core = owner.core();
-    core.dispatcher.cancel(core.resources(), ticket.key, ticket.tenant.as_ref());
+    core.dispatcher.cancel(core.resources(), ticket.key, ticket.kv, ticket.tenant.as_ref());
     owner.refund(ticket.charges, ticket.tenant.as_deref());
 }
 
@@ -139,9 +138,18 @@ impl Future for Admit {
         match &this.state {
             State::Start => {
                 let wait = WaitSpec { notify: Notify::Task(Some(cx.waker().clone())), timeout: None };
-                match start(&this.owner, &this.request, wait) {
-                    Attempt::Granted(permit) => this.resolve(Ok(permit)),
-                    Attempt::Refused(rejection) => this.resolve(Err(rejection)),
+                match start(this.owner(), &this.request, wait) {
+                    Attempt::Granted(permit) => {
+                        this.state = State::Done;
+                        this.owner = None;
+                        Poll::Ready(Ok(permit))
+                    }
+                    Attempt::Refused(rejection) => {
+                        this.state = State::Done;
+                        let owner = this.owner.take().expect("present until completion");
+                        owner.core().count_rejection(&rejection, this.request.tenant.is_some());
+                        Poll::Ready(Err(rejection))
+                    }
                     Attempt::Queued(ticket) => {
                         this.state = State::Waiting(ticket);
                         Poll::Pending
@@ -150,17 +158,18 @@ impl Future for Admit {
             }
             State::Done => panic!("`Admit` polled after it completed"),
             State::Waiting(ticket) => {
-                let core = this.owner.core();
+                let owner = this.owner();
+                let core = owner.core();
                 // Only a waiter with a deadline needs the time to poll.
-                let now = if ticket.deadline == u64::MAX { 0 } else { this.owner.now_nanos() };
+                let now = if ticket.deadline == u64::MAX { 0 } else { owner.now_nanos() };
                 match core.dispatcher.poll(core.resources(), ticket.key, now, Some(cx.waker())) {
                     None => Poll::Pending,
                     Some(outcome) => {
                         let State::Waiting(ticket) = std::mem::replace(&mut this.state, State::Done) else {
                             unreachable!("matched above")
                         };
-                        let result = finish(&this.owner, &this.request, ticket, outcome);
-                        this.resolve(result)
+                        let owner = this.owner.take().expect("present until completion");
+                        Poll::Ready(finish(owner, &this.request, ticket, outcome))
                     }
                 }
             }
@@ -170,8 +179,8 @@ impl Future for Admit {
 
 impl Drop for Admit {
     fn drop(&mut self) {
-        if let State::Waiting(ticket) = &self.state {
-            abandon(&*self.owner, ticket);
+        if let (State::Waiting(ticket), Some(owner)) = (&self.state, &self.owner) {
+            abandon(&**owner, ticket);
         }
     }
 }
@@ -222,11 +231,8 @@ pub(crate) fn admit_blocking(
         let (key, deadline) = guard.ticket.as_ref().map(|t| (t.key, t.deadline)).expect("held until resolved");
         if let Some(outcome) = core.dispatcher.poll(core.resources(), key, now, None) {
             let ticket = guard.ticket.take().expect("held until resolved");
-            let result = finish(&owner, &request, ticket, outcome);
-            if let Err(rejection) = &result {
-                core.count_rejection(rejection, request.tenant.is_some());
-            }
-            return result;
+            drop(guard);
+            return finish(owner, &request, ticket, outcome);
         }
         if deadline == u64::MAX {
             std::thread::park();

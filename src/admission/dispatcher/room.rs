@@ -76,6 +76,9 @@ pub(crate) enum Outcome {
 struct Room {
     waiters: Slab,
     classes: [FairQueue; Priority::COUNT],
+    /// Mirror of the global capacity's `HELD_BACK` bits (written only under this lock), so that the hot
+    /// capacity word is written only when a bit really changes.
+    held_back: [bool; Priority::COUNT],
     deadlines: Deadlines,
     closed: bool,
 }
@@ -95,6 +98,7 @@ impl Dispatcher {
             room: Mutex::new(Room {
                 waiters: Slab::default(),
                 classes: std::array::from_fn(|_| FairQueue::default()),
+                held_back: [false; Priority::COUNT],
                 deadlines: Deadlines::default(),
                 closed: false,
             }),
@@ -144,7 +148,7 @@ impl Dispatcher {
         let Room { waiters, classes, .. } = &mut *room;
         if classes[class].push(waiters, key.index(), flow_key, new.tenant.as_ref()) {
             // Invariant 1: the bit before any attempt to grant.
-            res.capacity.hold_back(class);
+            room.hold_back(res, class);
         }
         self.count(class, new.tenant.as_deref(), 1);
         let deadline_added = (new.deadline != u64::MAX).then(|| room.deadlines.push(new.deadline, key));
@@ -153,10 +157,7 @@ impl Dispatcher {
             deadlines.compact_if_grown(|k| waiters.lookup(k).is_some_and(|w| w.state == WaitState::Waiting));
         }
         room = self.run_passes(res, room, &mut wakes);
-        let granted = room.waiters.get(key.index()).state == WaitState::Granted;
-        if granted {
-            room.waiters.remove(key);
-        }
+        let granted = key.granted();
         drop(room);
         self.wake(res, &mut wakes);
         Ok(if granted { Enqueued::Granted } else { Enqueued::Waiting { key, deadline_added } })
@@ -165,8 +166,14 @@ impl Dispatcher {
     /// Looks at a waiter for its owner: `None` while it waits (after registering `waker`), or how its
     /// wait ended (its entry is then gone). A waiter whose deadline is at or before `now` ends `TimedOut`.
     pub(crate) fn poll(&self, res: Resources<'_>, key: WaiterKey, now: u64, waker: Option<&Waker>) -> Option<Outcome> {
+        if key.granted() {
+            return Some(Outcome::Granted);
+        }
         let mut wakes = WakeList::new();
         let mut room = sync::lock(&self.room);
+        if key.granted() {
+            return Some(Outcome::Granted);
+        }
         let waiter = room.waiters.get_mut(key.index());
         let outcome = match waiter.state {
             WaitState::Waiting if now < waiter.deadline => {
@@ -183,7 +190,7 @@ impl Dispatcher {
             }
             state => outcome_of(state, waiter.kv),
         };
-        room.waiters.remove(key);
+        room.waiters.remove(key.index());
         drop(room);
         self.wake(res, &mut wakes);
         Some(outcome)
@@ -192,33 +199,38 @@ impl Dispatcher {
     /// The owner stopped waiting (its future was dropped, its thread unwound): removes the entry and
     /// gives back a grant it never collected. Returns true if it was granted (the caller refunds its rate
     /// charges either way).
-    pub(crate) fn cancel(&self, res: Resources<'_>, key: WaiterKey, tenant: Option<&Arc<dyn TenantHandle>>) -> bool {
+    pub(crate) fn cancel(
+        &self,
+        res: Resources<'_>,
+        key: WaiterKey,
+        kv: u64,
+        tenant: Option<&Arc<dyn TenantHandle>>,
+    ) -> bool {
         let mut wakes = WakeList::new();
         let mut room = sync::lock(&self.room);
-        let waiter = room.waiters.get(key.index());
-        let (state, kv) = (waiter.state, waiter.kv);
-        let granted = state == WaitState::Granted;
-        match state {
-            WaitState::Waiting => {
-                // Its own wake-up is not needed: its owner is the one leaving. The entry is removed below.
-                let _ = room.leave(res, self, key.index(), WaitState::Closed);
-            }
-            WaitState::Granted => {
-                // The reservation goes to the next waiter: return it under the lock, then pass.
-                let _ = res.capacity.release(kv);
-                if let Some(tenant) = tenant {
-                    let core = tenant.core();
-                    if core.capacity.release(core.kv_units(kv)) {
-                        room.unpark(res, tenant.as_ref());
-                    }
+        let granted = key.granted();
+        if granted {
+            // Granted but never collected: the reservation goes to the next waiter.
+            let _ = res.capacity.release(kv);
+            if let Some(tenant) = tenant {
+                let core = tenant.core();
+                if core.capacity.release(core.kv_units(kv)) {
+                    room.unpark(res, tenant.as_ref());
                 }
             }
-            _ => {}
+        } else {
+            let waiting = room.waiters.get(key.index()).state == WaitState::Waiting;
+            if waiting {
+                // Its own wake-up is not needed: its owner is the one leaving.
+                let _ = room.leave(res, self, key.index(), WaitState::Closed);
+            }
+            room.waiters.remove(key.index());
+            if !waiting {
+                drop(room);
+                return false;
+            }
         }
-        room.waiters.remove(key);
-        if state == WaitState::Waiting || granted {
-            room = self.run_passes(res, room, &mut wakes);
-        }
+        room = self.run_passes(res, room, &mut wakes);
         drop(room);
         self.wake(res, &mut wakes);
         granted
@@ -257,7 +269,7 @@ impl Dispatcher {
             }
         }
         for class in 0..Priority::COUNT {
-            res.capacity.clear_held_back(class);
+            room.clear_held_back(res, class);
         }
         drop(room);
         self.wake(res, &mut wakes);
@@ -365,10 +377,9 @@ fn fits(res: Resources<'_>, kv: u64, tenant: Option<&dyn TenantHandle>) -> Resul
     tenant.map_or(Ok(()), |t| t.core().fits_share(kv, budget))
 }
 
-/// The rejection (or grant) a resolved state stands for.
+/// The rejection an ended state stands for.
 fn outcome_of(state: WaitState, kv: u64) -> Outcome {
     match state {
-        WaitState::Granted => Outcome::Granted,
         WaitState::TimedOut | WaitState::Waiting => Outcome::Ended(Rejection::TimedOut),
         WaitState::Closed => Outcome::Ended(Rejection::Closed),
         WaitState::TooLarge { limit, capacity } => {
@@ -378,7 +389,23 @@ fn outcome_of(state: WaitState, kv: u64) -> Outcome {
 }
 
 impl Room {
-    /// Moves a `Waiting` waiter to `to` (not `Granted`): unlinks it from its flow and uncounts it.
+    /// Sets class `class`'s global `HELD_BACK` bit (if not set already).
+    fn hold_back(&mut self, res: Resources<'_>, class: usize) {
+        if !self.held_back[class] {
+            self.held_back[class] = true;
+            res.capacity.hold_back(class);
+        }
+    }
+
+    /// Clears class `class`'s global `HELD_BACK` bit (if set).
+    fn clear_held_back(&mut self, res: Resources<'_>, class: usize) {
+        if self.held_back[class] {
+            self.held_back[class] = false;
+            res.capacity.clear_held_back(class);
+        }
+    }
+
+    /// Moves a `Waiting` waiter to an ended state `to`: unlinks it from its flow and uncounts it.
     /// Returns its wake-up (for waiters that others end: close, resize, expiry).
     fn leave(&mut self, res: Resources<'_>, d: &Dispatcher, index: u32, to: WaitState) -> Option<super::waiter::Wake> {
         let (class, flow) = {
@@ -395,7 +422,7 @@ impl Room {
         }
         d.count(class, tenant.as_deref(), -1);
         if self.classes[class].ring_is_empty() {
-            res.capacity.clear_held_back(class);
+            self.clear_held_back(res, class);
         }
         let waiter = self.waiters.get_mut(index);
         waiter.state = to;
@@ -411,7 +438,7 @@ impl Room {
             }
             if let Some(flow) = self.classes[class].find(core.flow) {
                 // Invariant 1: the class bit before the flow is eligible.
-                res.capacity.hold_back(class);
+                self.hold_back(res, class);
                 self.classes[class].unpark(flow);
             }
             core.capacity.clear_held_back(class);
@@ -430,7 +457,7 @@ impl Room {
             let class = priority.index();
             loop {
                 let Some((flow, index)) = self.classes[class].head() else {
-                    res.capacity.clear_held_back(class);
+                    self.clear_held_back(res, class);
                     break;
                 };
                 if wakes.is_full() {
@@ -463,8 +490,9 @@ impl Room {
                 d.count(class, self.classes[class].tenant(flow).map(|t| t.as_ref()), -1);
                 self.classes[class].remove(&mut self.waiters, index);
                 self.classes[class].count_grant(flow);
-                let waiter = self.waiters.get_mut(index);
-                waiter.state = WaitState::Granted;
+                // The capacity is the waiter's now: it leaves the slab, and its owner sees the grant by the
+                // slot's generation.
+                let mut waiter = self.waiters.remove(index);
                 if let Some(wake) = waiter.notify.take() {
                     wakes.push(wake);
                 }

@@ -4,8 +4,8 @@
 //! A waiter's state changes only under the waiting room's lock, so it is a plain enum:
 //!
 //! ```text
-//!            the dispatcher reserved capacity for it             its owner stopped waiting
-//!  Waiting ──────────────────────────────────────────► Granted     (the entry is removed)
+//!            the dispatcher reserved capacity for it: the waiter leaves the slab (granted)
+//!  Waiting ──────────────────────────────────────────► (removed; its slot's generation moves on)
 //!     │  deadline passed (poll, expire_waiters, timer)
 //!     ├──────────────────────────────────────────────► TimedOut
 //!     │  close()
@@ -14,11 +14,24 @@
 //!     └──────────────────────────────────────────────► TooLarge
 //! ```
 //!
-//! Only the waiter's owner (its `Admit` future or blocking call) removes its entry, so the index it holds
-//! stays valid until then; the generation in its [`WaiterKey`] guards the timer's entries, which may
-//! outlive the waiter.
+//! A grant removes the waiter from the slab at once (the capacity it reserved is the waiter's now) and
+//! bumps its slot's *generation*; every other ending leaves the resolved waiter in its slot until its
+//! owner collects it. So an owner learns it was granted by one atomic load, without the lock: if its
+//! slot's generation moved on from the one in its [`WaiterKey`], it was granted. That load is the only
+//! access to the slab made without the waiting room's lock.
+//!
+//! # The slab's memory
+//! Slots live in chunks of [`CHUNK`] that are allocated when the slab grows and freed only when it is
+//! dropped, so a slot never moves: a key can hold a pointer to its slot's generation. The slab is owned by
+//! the dispatcher, which every key's owner keeps alive (it holds the admission), so the pointer outlives
+//! the key. A slot's `body` is read and written only under the waiting room's lock; its `generation` is
+//! written only under the lock (with `Release`) and read by the key's owner (with `Acquire`). Generations
+//! are 64-bit, so a slot is never reused often enough to show an old one again.
 
 use crate::admission::Limit;
+use crate::sync::{AtomicU64, Ordering, UnsafeCell};
+use std::fmt;
+use std::ptr::NonNull;
 use std::task::Waker;
 
 /// How a wait ends, decided under the waiting room's lock.
@@ -26,8 +39,6 @@ use std::task::Waker;
 pub(crate) enum WaitState {
     /// Still waiting.
     Waiting,
-    /// Capacity is reserved for it: its owner turns it into a permit or gives it back.
-    Granted,
     /// Its deadline passed.
     TimedOut,
     /// The admission was closed.
@@ -102,28 +113,17 @@ pub(crate) struct Waiter {
     pub(crate) next: Option<u32>,
     /// Clock reading after which the wait ends (`u64::MAX`: never).
     pub(crate) deadline: u64,
-    generation: u32,
     pub(crate) notify: Notify,
 }
 
 impl Waiter {
     pub(crate) fn new(class: usize, kv: u64, deadline: u64, notify: Notify) -> Self {
-        Self { state: WaitState::Waiting, class, kv, flow: 0, prev: None, next: None, deadline, generation: 0, notify }
+        Self { state: WaitState::Waiting, class, kv, flow: 0, prev: None, next: None, deadline, notify }
     }
 }
 
-/// What a waiter's owner holds: the slab index and the generation it was inserted with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) struct WaiterKey {
-    index: u32,
-    generation: u32,
-}
-
-impl WaiterKey {
-    pub(crate) fn index(self) -> u32 {
-        self.index
-    }
-}
+/// Slots per chunk of the slab.
+pub(crate) const CHUNK: usize = 32;
 
 #[derive(Debug)]
 enum Entry {
@@ -131,85 +131,213 @@ enum Entry {
     Vacant { next_free: Option<u32> },
 }
 
-/// Waiters by index. Freed entries are reused, so after the peak number of simultaneous waiters has been
-/// reached nothing is allocated per waiter.
-#[derive(Debug, Default)]
+struct Slot {
+    /// Bumped whenever the slot's waiter leaves it (see the module docs).
+    generation: AtomicU64,
+    body: UnsafeCell<Entry>,
+}
+
+/// What a waiter's owner holds: its slot, and the slot's generation when the waiter was stored.
+pub(crate) struct WaiterKey {
+    index: u32,
+    generation: u64,
+    /// The slot's generation counter (valid as long as the slab: see the module docs).
+    counter: NonNull<AtomicU64>,
+}
+
+// SAFETY: `counter` points at an atomic in a chunk that outlives the key (the key's owner keeps the slab's
+// dispatcher alive) and is only read atomically; the rest of the key is plain data.
+unsafe impl Send for WaiterKey {}
+// SAFETY: as for `Send`: shared access only reads the atomic.
+unsafe impl Sync for WaiterKey {}
+
+impl fmt::Debug for WaiterKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WaiterKey").field("index", &self.index).field("generation", &self.generation).finish()
+    }
+}
+
+impl PartialEq for WaiterKey {
+    fn eq(&self, other: &Self) -> bool {
+        (self.index, self.generation) == (other.index, other.generation)
+    }
+}
+impl Eq for WaiterKey {}
+impl PartialOrd for WaiterKey {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for WaiterKey {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.index, self.generation).cmp(&(other.index, other.generation))
+    }
+}
+
+impl Clone for WaiterKey {
+    fn clone(&self) -> Self {
+        Self { index: self.index, generation: self.generation, counter: self.counter }
+    }
+}
+impl Copy for WaiterKey {}
+
+impl WaiterKey {
+    pub(crate) fn index(self) -> u32 {
+        self.index
+    }
+
+    /// Whether the waiter was granted (and removed from the slab), read without the lock. `Acquire`: the
+    /// grant's bookkeeping, made before the generation moved on, is visible after a `true`.
+    #[inline]
+    pub(crate) fn granted(&self) -> bool {
+        // SAFETY: `counter` is valid for the key's life (module docs) and only accessed atomically.
+        unsafe { self.counter.as_ref() }.load(Ordering::Acquire) != self.generation
+    }
+}
+
+/// Waiters by index, in chunks that never move. Freed slots are reused, so after the peak number of
+/// simultaneous waiters has been reached nothing is allocated per waiter.
 pub(crate) struct Slab {
-    entries: Vec<Entry>,
+    /// Each points at `CHUNK` slots allocated as a `Box<[Slot]>`, freed in `Drop`.
+    chunks: Vec<NonNull<Slot>>,
     free: Option<u32>,
-    generation: u32,
-    len: usize,
+    /// Slots handed out so far (the next never-used index).
+    used: u32,
+}
+
+// SAFETY: the slab owns its chunks (like a `Vec<Box<[Slot]>>`); `Slot` holds a `Waiter` (`Send`) behind a
+// cell that is only accessed under the waiting room's lock, and an atomic.
+unsafe impl Send for Slab {}
+
+impl fmt::Debug for Slab {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Slab").field("chunks", &self.chunks.len()).field("used", &self.used).finish()
+    }
+}
+
+impl Default for Slab {
+    fn default() -> Self {
+        Self { chunks: Vec::new(), free: None, used: 0 }
+    }
 }
 
 impl Slab {
+    fn slot(&self, index: u32) -> &Slot {
+        let (chunk, offset) = (index as usize / CHUNK, index as usize % CHUNK);
+        // SAFETY: `index < used`, so its chunk was allocated with `CHUNK` slots and is alive until `Drop`;
+        // only shared references to slots are ever made.
+        unsafe { &*self.chunks[chunk].as_ptr().add(offset) }
+    }
+
+    fn entry(&self, index: u32) -> &Entry {
+        // SAFETY: bodies are accessed only under the waiting room's lock, which the caller holds (it has the
+        // slab, which lives inside the room); no `&mut` to this body is alive (the borrow of `self` is
+        // shared).
+        self.slot(index).body.with(|entry| unsafe { &*entry })
+    }
+
+    fn entry_mut(&mut self, index: u32) -> &mut Entry {
+        // SAFETY: as in `entry`; `&mut self` makes this the only reference into the slab's bodies.
+        self.slot(index).body.with_mut(|entry| unsafe { &mut *entry })
+    }
+
     /// Stores `waiter`, returning its key.
-    pub(crate) fn insert(&mut self, mut waiter: Waiter) -> WaiterKey {
-        self.generation = self.generation.wrapping_add(1);
-        waiter.generation = self.generation;
-        self.len += 1;
-        let key = |index| WaiterKey { index, generation: waiter.generation };
-        match self.free {
+    pub(crate) fn insert(&mut self, waiter: Waiter) -> WaiterKey {
+        let index = match self.free {
             Some(index) => {
-                let entry = &mut self.entries[index as usize];
-                let Entry::Vacant { next_free } = *entry else { unreachable!("free list points at a vacant entry") };
+                let Entry::Vacant { next_free } = *self.entry(index) else {
+                    unreachable!("the free list holds vacant slots")
+                };
                 self.free = next_free;
-                let k = key(index);
-                *entry = Entry::Occupied(waiter);
-                k
+                index
             }
             None => {
-                let index = u32::try_from(self.entries.len()).expect("fewer than 2^32 waiters");
-                let k = key(index);
-                self.entries.push(Entry::Occupied(waiter));
-                k
+                if self.used as usize == self.chunks.len() * CHUNK {
+                    let chunk: Box<[Slot]> = (0..CHUNK)
+                        .map(|_| Slot {
+                            generation: AtomicU64::new(0),
+                            body: UnsafeCell::new(Entry::Vacant { next_free: None }),
+                        })
+                        .collect();
+                    let ptr = Box::into_raw(chunk).cast::<Slot>();
+                    self.chunks.push(NonNull::new(ptr).expect("Box::into_raw is never null"));
+                }
+                self.used = self.used.checked_add(1).expect("fewer than 2^32 waiters");
+                self.used - 1
             }
+        };
+        *self.entry_mut(index) = Entry::Occupied(waiter);
+        let slot = self.slot(index);
+        WaiterKey {
+            index,
+            generation: slot.generation.load(Ordering::Relaxed),
+            counter: NonNull::from(&slot.generation),
         }
     }
 
     /// The waiter at `index` (which must be occupied: flows and owners only hold live indices).
     pub(crate) fn get(&self, index: u32) -> &Waiter {
-        match &self.entries[index as usize] {
+        match self.entry(index) {
             Entry::Occupied(waiter) => waiter,
             Entry::Vacant { .. } => unreachable!("a flow or owner holds a vacant index"),
         }
     }
 
     pub(crate) fn get_mut(&mut self, index: u32) -> &mut Waiter {
-        match &mut self.entries[index as usize] {
+        match self.entry_mut(index) {
             Entry::Occupied(waiter) => waiter,
             Entry::Vacant { .. } => unreachable!("a flow or owner holds a vacant index"),
         }
     }
 
-    /// The waiter `key` names, if it is still stored (timer entries may be stale).
+    /// The waiter `key` names, if it is still in its slot (timer entries and granted keys may be stale).
     pub(crate) fn lookup(&self, key: WaiterKey) -> Option<&Waiter> {
-        match self.entries.get(key.index as usize) {
-            Some(Entry::Occupied(waiter)) if waiter.generation == key.generation => Some(waiter),
-            _ => None,
+        if key.index >= self.used || self.slot(key.index).generation.load(Ordering::Relaxed) != key.generation {
+            return None;
+        }
+        match self.entry(key.index) {
+            Entry::Occupied(waiter) => Some(waiter),
+            Entry::Vacant { .. } => None,
         }
     }
 
-    /// Removes the waiter `key` names and returns it.
-    pub(crate) fn remove(&mut self, key: WaiterKey) -> Waiter {
-        let entry = std::mem::replace(&mut self.entries[key.index as usize], Entry::Vacant { next_free: self.free });
-        let Entry::Occupied(waiter) = entry else { unreachable!("the owner's key names a live waiter") };
-        debug_assert_eq!(waiter.generation, key.generation);
-        self.free = Some(key.index);
-        self.len -= 1;
+    /// Takes the waiter out of slot `index` and frees the slot; its generation moves on (`Release`), which
+    /// tells an owner polling without the lock that it no longer waits there.
+    pub(crate) fn remove(&mut self, index: u32) -> Waiter {
+        let next_free = self.free;
+        let entry = std::mem::replace(self.entry_mut(index), Entry::Vacant { next_free });
+        let Entry::Occupied(waiter) = entry else { unreachable!("removing a live waiter") };
+        // Written only under the lock, so a load and a store suffice (no read-modify-write).
+        let generation = &self.slot(index).generation;
+        generation.store(generation.load(Ordering::Relaxed).wrapping_add(1), Ordering::Release);
+        self.free = Some(index);
         waiter
     }
 
     /// Keys of the waiters still waiting (for a resize scan or close).
     pub(crate) fn waiting_keys(&self) -> Vec<WaiterKey> {
-        self.entries
-            .iter()
-            .enumerate()
-            .filter_map(|(index, entry)| match entry {
+        (0..self.used)
+            .filter_map(|index| match self.entry(index) {
                 Entry::Occupied(w) if w.state == WaitState::Waiting => {
-                    Some(WaiterKey { index: index as u32, generation: w.generation })
+                    let slot = self.slot(index);
+                    Some(WaiterKey {
+                        index,
+                        generation: slot.generation.load(Ordering::Relaxed),
+                        counter: NonNull::from(&slot.generation),
+                    })
                 }
                 _ => None,
             })
             .collect()
+    }
+}
+
+impl Drop for Slab {
+    fn drop(&mut self) {
+        for chunk in self.chunks.drain(..) {
+            let slice = std::ptr::slice_from_raw_parts_mut(chunk.as_ptr(), CHUNK);
+            // SAFETY: allocated in `insert` as a `Box<[Slot]>` of `CHUNK` slots and freed only here, once.
+            drop(unsafe { Box::from_raw(slice) });
+        }
     }
 }

@@ -59,7 +59,7 @@ impl fmt::Display for TenantId {
 /// Whose fair queue a waiter joins: requests without a tenant share one flow, each tracked tenant has its
 /// own, and the shared overflow tenant has one. Distinct even where the numbers coincide (`TenantId(0)` is
 /// not "no tenant").
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum FlowKey {
     /// Requests that named no tenant.
     Anonymous,
@@ -67,4 +67,16 @@ pub(crate) enum FlowKey {
     Tenant(TenantId),
     /// Tenants crowded out of the registry, sharing the overflow state.
     Overflow,
+}
+
+impl std::hash::Hash for FlowKey {
+    /// One `u64` per key (the fair queue's hasher mixes it with one multiply); the two special keys may
+    /// collide with a tenant's hash, which only costs an equality check.
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write_u64(match self {
+            FlowKey::Anonymous => 0x9e37_79b9_7f4a_7c15,
+            FlowKey::Tenant(id) => id.get(),
+            FlowKey::Overflow => 0xc2b2_ae3d_27d4_eb4f,
+        });
+    }
 }
