@@ -82,6 +82,15 @@ impl From<Shortage> for Refused {
     }
 }
 
+/// Capacity a releasing permit hands straight to waiters, under the waiting room's lock, instead of
+/// returning it to the words and taking it back: the slot and KV units stay counted as used while they
+/// change owner. Whatever is left is returned with [`Capacity::return_credit`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Credit {
+    pub(crate) slots: u64,
+    pub(crate) kv: u64,
+}
+
 /// In-flight slots and KV units with their limits. See the module docs for the word layout.
 #[derive(Debug)]
 pub(crate) struct Capacity {
@@ -105,6 +114,69 @@ impl Capacity {
     #[inline]
     pub(crate) fn try_take_for_waiter(&self, kv: u64, kv_limit: u64) -> Result<(), Refused> {
         self.take(kv, kv_limit, CLOSED)
+    }
+
+    /// Like [`try_take_for_waiter`](Self::try_take_for_waiter), drawing on `credit` first (under the
+    /// waiting room's lock). The limits are checked against the use *without* the credit — as if it had
+    /// been returned — so a hand-over never admits what a release followed by a take would refuse (after a
+    /// limit shrank below the use, nothing is handed over until the use is below the limit again). Other
+    /// threads' takes see the credit as used, so they never take it from under the hand-over.
+    pub(crate) fn try_take_for_waiter_with(&self, kv: u64, kv_limit: u64, credit: &mut Credit) -> Result<(), Refused> {
+        let slot_from_credit = credit.slots != 0;
+        if slot_from_credit {
+            let word = self.slots.load(Ordering::Acquire);
+            if word & CLOSED != 0 {
+                return Err(Shortage::Closed.into());
+            }
+            if (word & COUNT_MASK) - credit.slots >= self.slot_limit.load(Ordering::Relaxed) {
+                return Err(Shortage::Full.into());
+            }
+        } else {
+            self.take(0, kv_limit, CLOSED)?;
+        }
+        let from_credit = credit.kv.min(kv);
+        let rest = kv - from_credit;
+        let fits = if rest == 0 {
+            // The credit is part of `used`, so `used >= credit.kv`.
+            self.kv.load(Ordering::Acquire) - credit.kv + kv <= kv_limit
+        } else {
+            self.kv
+                .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |used| {
+                    used.checked_add(rest).filter(|n| *n <= kv_limit)
+                })
+                .is_ok()
+        };
+        if !fits {
+            if !slot_from_credit {
+                // Under the lock, as the dispatcher: the pass stops here anyway.
+                let _ = self.give_back_slot();
+            }
+            return Err(Shortage::Full.into());
+        }
+        if slot_from_credit {
+            credit.slots -= 1;
+        }
+        credit.kv -= from_credit;
+        Ok(())
+    }
+
+    /// Returns what is left of a credit; true if a waiter is held back (the caller is the dispatcher, under
+    /// the lock, and has just looked at every head).
+    pub(crate) fn return_credit(&self, credit: Credit) -> bool {
+        if credit.kv != 0 {
+            self.kv.fetch_sub(credit.kv, Ordering::Release);
+        }
+        if credit.slots != 0 {
+            return self.slots.fetch_sub(credit.slots, Ordering::AcqRel) & HELD_BACK_ALL != 0;
+        }
+        false
+    }
+
+    /// Whether some class is held back by this capacity (a plain load: a hint for choosing the hand-over;
+    /// the release's own read-modify-write is what guarantees no lost wake-up).
+    #[inline]
+    pub(crate) fn has_held_back(&self) -> bool {
+        self.slots.load(Ordering::Relaxed) & HELD_BACK_ALL != 0
     }
 
     #[inline]

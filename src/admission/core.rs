@@ -1,7 +1,7 @@
 //! What an admission's permits and waiters share whatever its clock: the global capacity and KV budget,
 //! the waiting room and the statistics.
 
-use super::capacity::{Capacity, Limit as KvLimit, Refused, Shortage};
+use super::capacity::{Capacity, Credit, Limit as KvLimit, Refused, Shortage};
 use super::dispatcher::{Dispatcher, Resources, Timer};
 use super::rejection::Rejection;
 use super::stats::{Stats, capacity_hint};
@@ -68,7 +68,7 @@ impl Core {
     pub(crate) fn try_take(&self, kv: u64, class: usize) -> Result<(), Shortage> {
         self.hot.capacity.try_take(kv, self.kv_limit(), class).map_err(|Refused { shortage, dispatch }| {
             if dispatch {
-                self.dispatcher.dispatch(self.resources(), None);
+                self.dispatcher.dispatch(self.resources(), None, Credit::default());
             }
             shortage
         })
@@ -85,16 +85,22 @@ impl Core {
                 unpark = Some(tenant);
             }
         }
-        let waiters = self.hot.capacity.release(kv);
-        if waiters || unpark.is_some() {
-            self.dispatcher.dispatch(self.resources(), unpark);
+        let capacity = &self.hot.capacity;
+        if capacity.has_held_back() {
+            // Somebody waits for global capacity: hand it over under the lock rather than returning it to
+            // the words and taking it back (a race with the bits is covered: see `has_held_back`).
+            self.dispatcher.dispatch(self.resources(), unpark, Credit { slots: 1, kv });
+            return;
+        }
+        if capacity.release(kv) || unpark.is_some() {
+            self.dispatcher.dispatch(self.resources(), unpark, Credit::default());
         }
     }
 
     /// Changes the in-flight limit; growing it grants waiters at once.
     pub(crate) fn set_max_in_flight(&self, limit: u64) {
         self.hot.capacity.set_slot_limit(limit);
-        self.dispatcher.dispatch(self.resources(), None);
+        self.dispatcher.dispatch(self.resources(), None, Credit::default());
     }
 
     /// Changes the KV budget: waiters that no longer fit end `TooLarge`; growing grants waiters at once.

@@ -19,7 +19,7 @@
 //!
 //! A refusal at any step gives back what the earlier steps took before it returns.
 
-use super::capacity::Shortage;
+use super::capacity::{Credit, Shortage};
 use super::core::Core;
 use super::cost::KvCost;
 use super::dispatcher::{Enqueued, NewWaiter};
@@ -130,7 +130,11 @@ impl<C: Clock> Shared<C> {
             if let Err(refused) = tc.capacity.try_take(tc.kv_units(kv), tc.kv_limit(core.kv_limit()), class) {
                 core.release(kv, None);
                 if refused.dispatch {
-                    core.dispatcher.dispatch(core.resources(), Some(t.as_ref() as &dyn TenantHandle));
+                    core.dispatcher.dispatch(
+                        core.resources(),
+                        Some(t.as_ref() as &dyn TenantHandle),
+                        Credit::default(),
+                    );
                 }
                 return match wait {
                     Some(wait) => self.queue(this, request, kv, tenant, wait, HeldBy::Tenant),
@@ -145,7 +149,7 @@ impl<C: Clock> Shared<C> {
                 if tenant.as_ref().is_some_and(|t| t.core().has_waiters()) {
                     // The tenant has less room now: its waiting heads that no longer fit its own limits
                     // are parked, so that they hold back nobody behind them.
-                    core.dispatcher.dispatch(core.resources(), None);
+                    core.dispatcher.dispatch(core.resources(), None, Credit::default());
                 }
                 let tenant = tenant.map(|t| t as Arc<dyn TenantHandle>);
                 Attempt::Granted(Permit::granted(this(), request, kv, charges, tenant, now))

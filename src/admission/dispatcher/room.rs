@@ -29,7 +29,7 @@ use super::timer::Deadlines;
 use super::waiter::{Notify, Slab, WaitState, Waiter, WaiterKey};
 use super::wake_list::WakeList;
 use crate::Priority;
-use crate::admission::capacity::{Capacity, Limit as KvLimit};
+use crate::admission::capacity::{Capacity, Credit, Limit as KvLimit};
 use crate::admission::stats::{Stats, capacity_hint};
 use crate::admission::tenant::{FlowKey, TenantHandle};
 use crate::admission::{Limit, Rejection};
@@ -209,9 +209,10 @@ impl Dispatcher {
         let mut wakes = WakeList::new();
         let mut room = sync::lock(&self.room);
         let granted = key.granted();
+        let mut credit = Credit::default();
         if granted {
-            // Granted but never collected: the reservation goes to the next waiter.
-            let _ = res.capacity.release(kv);
+            // Granted but never collected: the reservation is handed to the next waiters.
+            credit = Credit { slots: 1, kv };
             if let Some(tenant) = tenant {
                 let core = tenant.core();
                 if core.capacity.release(core.kv_units(kv)) {
@@ -230,21 +231,22 @@ impl Dispatcher {
                 return false;
             }
         }
-        room = self.run_passes(res, room, &mut wakes);
+        room = self.run_passes_with(res, room, &mut wakes, credit);
         drop(room);
         self.wake(res, &mut wakes);
         granted
     }
 
     /// Runs a pass after capacity was returned and a `HELD_BACK` bit was seen; `unpark` is a tenant that
-    /// returned room while some of its waiters were parked.
-    pub(crate) fn dispatch(&self, res: Resources<'_>, unpark: Option<&dyn TenantHandle>) {
+    /// returned room while some of its waiters were parked; `credit` is capacity a permit hands over to
+    /// waiters directly (the rest goes back to the capacity words).
+    pub(crate) fn dispatch(&self, res: Resources<'_>, unpark: Option<&dyn TenantHandle>, credit: Credit) {
         let mut wakes = WakeList::new();
         let mut room = sync::lock(&self.room);
         if let Some(tenant) = unpark {
             room.unpark(res, tenant);
         }
-        room = self.run_passes(res, room, &mut wakes);
+        room = self.run_passes_with(res, room, &mut wakes, credit);
         drop(room);
         self.wake(res, &mut wakes);
     }
@@ -335,15 +337,33 @@ impl Dispatcher {
     fn run_passes<'a>(
         &'a self,
         res: Resources<'_>,
-        mut room: MutexGuard<'a, Room>,
+        room: MutexGuard<'a, Room>,
         wakes: &mut WakeList,
     ) -> MutexGuard<'a, Room> {
-        while room.pass(res, self, wakes) {
+        self.run_passes_with(res, room, wakes, Credit::default())
+    }
+
+    /// Runs passes handing `credit` over first; what is left of it is returned to the capacity words
+    /// before the lock is released.
+    fn run_passes_with<'a>(
+        &'a self,
+        res: Resources<'_>,
+        mut room: MutexGuard<'a, Room>,
+        wakes: &mut WakeList,
+        mut credit: Credit,
+    ) -> MutexGuard<'a, Room> {
+        loop {
+            let more = room.pass(res, self, wakes, &mut credit);
+            // The pass looked at every head it could with the credit counted as free, so returning the
+            // rest cannot make a head fit that did not.
+            let _ = res.capacity.return_credit(std::mem::take(&mut credit));
+            if !more {
+                return room;
+            }
             drop(room);
             self.wake(res, wakes);
             room = sync::lock(&self.room);
         }
-        room
     }
 
     /// Runs collected wake-ups (no lock held), counting panicking wakers.
@@ -448,7 +468,7 @@ impl Room {
     /// One pass: grant waiters in priority order — fairly across flows within a class, in arrival order
     /// within a flow — while capacity lasts. Returns true if it stopped because `wakes` is full (run it
     /// again after waking them).
-    fn pass(&mut self, res: Resources<'_>, d: &Dispatcher, wakes: &mut WakeList) -> bool {
+    fn pass(&mut self, res: Resources<'_>, d: &Dispatcher, wakes: &mut WakeList, credit: &mut Credit) -> bool {
         if self.closed {
             return false;
         }
@@ -478,7 +498,7 @@ impl Room {
                         core.capacity.clear_held_back(class);
                     }
                 }
-                if res.capacity.try_take_for_waiter(kv, budget).is_err() {
+                if res.capacity.try_take_for_waiter_with(kv, budget, credit).is_err() {
                     if let Some(core) = self.classes[class].tenant(flow).map(|t| t.core()) {
                         // Taken and given back under the lock: no parking decision saw the difference,
                         // so the tenant's parked flows (if any) stay parked.
