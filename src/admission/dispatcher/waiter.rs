@@ -176,7 +176,7 @@ impl Ord for WaiterKey {
 
 impl Clone for WaiterKey {
     fn clone(&self) -> Self {
-        Self { index: self.index, generation: self.generation, counter: self.counter }
+        *self
     }
 }
 impl Copy for WaiterKey {}
@@ -197,6 +197,7 @@ impl WaiterKey {
 
 /// Waiters by index, in chunks that never move. Freed slots are reused, so after the peak number of
 /// simultaneous waiters has been reached nothing is allocated per waiter.
+#[derive(Default)]
 pub(crate) struct Slab {
     /// Each points at `CHUNK` slots allocated as a `Box<[Slot]>`, freed in `Drop`.
     chunks: Vec<NonNull<Slot>>,
@@ -215,11 +216,6 @@ impl fmt::Debug for Slab {
     }
 }
 
-impl Default for Slab {
-    fn default() -> Self {
-        Self { chunks: Vec::new(), free: None, used: 0 }
-    }
-}
 
 impl Slab {
     fn slot(&self, index: u32) -> &Slot {
