@@ -11,7 +11,7 @@ fn kind() -> impl Strategy<Value = LayerKind> {
             LayerKind::Sliding { kv_heads, k_head_dim: k, v_head_dim: v, window }
         }),
         (1u32..=2048).prop_map(|latent_dim| LayerKind::Mla { latent_dim }),
-        Just(LayerKind::NoKv(NoKvReason::LinearAttention)),
+        Just(LayerKind::NoKv(NoKvReason::SharedKv)),
     ]
 }
 

@@ -65,14 +65,24 @@
 //! ```
 
 mod dtype;
+mod engine;
 mod gpu;
 #[cfg(feature = "hf-config")]
 mod hf;
+#[cfg(feature = "hf-config")]
+mod hf_defaults;
+mod layer;
+mod layout;
 mod plan;
 mod presets;
 mod spec;
 
 pub use dtype::KvDtype;
-pub use gpu::Gpu;
+pub use engine::Engine;
+pub use gpu::{Gpu, GpuArch};
+#[cfg(feature = "hf-config")]
+pub use hf_defaults::hf_config_defaults_table;
+pub use layer::{LayerGroup, LayerKind, NoKvReason, RecurrentKind};
+pub use layout::{CacheGroup, GroupPolicy, KvLayout};
 pub use plan::{DEFAULT_RESERVE_BYTES, GpuPlan, GpuPlanBuilder};
-pub use spec::{LayerGroup, LayerKind, ModelSpec, ModelSpecBuilder, NoKvReason};
+pub use spec::{ModelSpec, ModelSpecBuilder};
