@@ -516,11 +516,6 @@ impl GpuPlanBuilder {
         };
         let layout = shard.kv_layout(self.kv_dtype, block_size, engine)?;
         let block = layout.block_bytes();
-        if pool_per_gpu < block {
-            return Err(ConfigError::Conflict(format!(
-                "the KV pool ({pool_per_gpu} bytes per GPU) is smaller than one block ({block} bytes)"
-            )));
-        }
         if let Some(slots) = engine.slots() {
             let needed = block.saturating_mul(slots);
             if pool_per_gpu < needed {
@@ -531,6 +526,10 @@ impl GpuPlanBuilder {
                     gib(pool_per_gpu)
                 )));
             }
+        } else if pool_per_gpu < block {
+            return Err(ConfigError::Conflict(format!(
+                "the KV pool ({pool_per_gpu} bytes per GPU) is smaller than one block ({block} bytes)"
+            )));
         }
         Ok(GpuPlan {
             model: self.model,
