@@ -239,8 +239,10 @@ fn shared_prefix_is_charged_once() {
         .weight_dtype(KvDtype::Q4_0)
         .build()
         .unwrap();
-    assert_eq!(slots.prefix_bytes(4000), 0);
-    assert_eq!(slots.max_suffix_bytes(5000, 4000), 4096 * 69_632);
+    assert_eq!(slots.prefix_bytes(2000), 0);
+    assert_eq!(slots.max_suffix_bytes(4000, 2000), 4096 * 69_632);
+    // Longer than a slot: never fits.
+    assert_eq!(slots.max_sequence_bytes(4097), u64::MAX);
     assert_eq!((slots.max_sequences(4096), slots.max_sequences(4097)), (4, 0));
     assert_eq!(slots.kv_cache_tokens(), 16_384);
 }

@@ -8,7 +8,8 @@
 //!   and without panicking: every count saturates at `u64::MAX`, every division is by a non-zero number.
 //! - vLLM: a sequence holds `Σ_types groups_t × held_t(tokens)` block ids and each id costs
 //!   [`KvLayout::block_bytes`]; the pool holds `pool // block_bytes` ids, one of them the null block.
-//! - llama.cpp: a sequence holds one slot, whatever its length; a slot costs [`KvLayout::block_bytes`].
+//! - llama.cpp: a sequence holds one slot, whatever its length (one longer than a slot never fits: its
+//!   price is `u64::MAX`); a slot costs [`KvLayout::block_bytes`].
 //! - [`KvLayout::max_sequence_bytes`] is monotone in the token count and never below
 //!   [`KvLayout::sequence_bytes`] at any smaller count: it is what an admission reserves for a request that
 //!   may grow to that many tokens.
@@ -440,8 +441,9 @@ impl KvLayout {
         if tokens == 0 {
             return 0;
         }
-        if !self.engine.is_vllm() {
-            return 1;
+        if let Some(slot) = self.engine.slot_tokens() {
+            // One slot holds the sequence; a longer one never fits (llama.cpp would cut or shift it).
+            return if tokens <= slot { 1 } else { u64::MAX };
         }
         self.types
             .iter()
@@ -450,8 +452,8 @@ impl KvLayout {
 
     /// Bytes one sequence with `tokens` token slots holds at steady decode (`tokens − 1` computed, the
     /// next token's slot allocated): [`sequence_blocks`](Self::sequence_blocks) × [`block_bytes`](Self::block_bytes).
-    /// llama.cpp: one slot, whatever the length (a request longer than a slot does not fit; see
-    /// [`Engine::slot_tokens`]). 0 for 0 tokens. Saturates at `u64::MAX`.
+    /// llama.cpp: one slot, whatever the length; `u64::MAX` (never fits) for a sequence longer than a slot
+    /// ([`Engine::slot_tokens`]). 0 for 0 tokens. Saturates at `u64::MAX`.
     #[must_use]
     pub fn sequence_bytes(&self, tokens: u64) -> u64 {
         self.sequence_blocks(tokens).saturating_mul(self.block_bytes)
