@@ -279,14 +279,14 @@ impl GpuPlan {
     /// ([`KvLayout::sequence_bytes`] × degree), in the unit of [`kv_budget_bytes`](Self::kv_budget_bytes).
     #[must_use]
     pub fn sequence_bytes(&self, tokens: u64) -> u64 {
-        self.layout.sequence_bytes(tokens).saturating_mul(u64::from(self.tensor_parallel))
+        self.across_group(self.layout.sequence_bytes(tokens))
     }
 
     /// The most bytes a request of `tokens` tokens (prompt plus the most it may generate) holds across the
     /// group while it grows ([`KvLayout::max_sequence_bytes`] × degree): the price an admission reserves.
     #[must_use]
     pub fn max_sequence_bytes(&self, tokens: u64) -> u64 {
-        self.layout.max_sequence_bytes(tokens).saturating_mul(u64::from(self.tensor_parallel))
+        self.across_group(self.layout.max_sequence_bytes(tokens))
     }
 
     /// An upper bound of the bytes a sequence holds across the group while its prompt of `prompt_tokens`
@@ -294,21 +294,26 @@ impl GpuPlan {
     /// layers then briefly hold the window plus the chunk.
     #[must_use]
     pub fn prefill_peak_bytes(&self, prompt_tokens: u64, chunk_tokens: u64) -> u64 {
-        self.layout.prefill_peak_bytes(prompt_tokens, chunk_tokens).saturating_mul(u64::from(self.tensor_parallel))
+        self.across_group(self.layout.prefill_peak_bytes(prompt_tokens, chunk_tokens))
     }
 
     /// Bytes a shared prefix of `prefix_tokens` tokens occupies once across the group, for all the
     /// requests using it ([`KvLayout::prefix_bytes`] × degree).
     #[must_use]
     pub fn prefix_bytes(&self, prefix_tokens: u64) -> u64 {
-        self.layout.prefix_bytes(prefix_tokens).saturating_mul(u64::from(self.tensor_parallel))
+        self.across_group(self.layout.prefix_bytes(prefix_tokens))
     }
 
     /// The most bytes a request of `tokens` tokens holds across the group beyond a shared prefix of
     /// `prefix_tokens` tokens ([`KvLayout::max_suffix_bytes`] × degree).
     #[must_use]
     pub fn max_suffix_bytes(&self, tokens: u64, prefix_tokens: u64) -> u64 {
-        self.layout.max_suffix_bytes(tokens, prefix_tokens).saturating_mul(u64::from(self.tensor_parallel))
+        self.across_group(self.layout.max_suffix_bytes(tokens, prefix_tokens))
+    }
+
+    /// Bytes on each GPU times the tensor-parallel degree: the unit of the group-wide figures.
+    fn across_group(&self, bytes_per_gpu: u64) -> u64 {
+        bytes_per_gpu.saturating_mul(u64::from(self.tensor_parallel))
     }
 
     /// How many sequences of `context_tokens` tokens fit at once at steady decode: usable block ids over the
