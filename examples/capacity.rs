@@ -4,11 +4,13 @@
 //! cargo run --release --example capacity -- --model gemma-3-27b --gpu h100-80
 //! cargo run --release --example capacity -- --model llama-3.1-8b --gpu l4 --kv-dtype fp8 --context 8192
 //! cargo run --release --example capacity -- --config path/config.json --weight-gb 16 --gpu a100-80
+//! cargo run --release --example capacity -- --model llama-3.1-8b --gpu l4 --engine llama.cpp --n-ctx 32768 \
+//!     --parallel 4 --kv-dtype q8_0 --weight-dtype q4_0
 //! ```
 
 use std::process::ExitCode;
 
-use kvgate::kv::{GpuPlan, KvDtype, LayerKind, ModelSpec};
+use kvgate::kv::{Engine, GpuPlan, KvDtype, LayerKind, ModelSpec};
 
 const HELP: &str = "\
 capacity: KV-cache bytes per sequence and concurrent sequences for a model on a GPU
@@ -21,12 +23,17 @@ OPTIONS:
     --config PATH        read the layout from a Hugging Face config.json instead (feature hf-config);
                          weights come from --model's parameter count or --weight-gb
     --gpu NAME           GPU preset (required)
-    --kv-dtype DTYPE     bf16 (default), fp16, fp32, fp8
-    --weight-dtype DTYPE dtype of the weights when sized from the parameter count (default bf16)
+    --engine ENGINE      vllm (default: v1 with the hybrid KV-cache manager), vllm-uniform (manager off),
+                         llama.cpp (slots allocated up front; give --n-ctx and --parallel)
+    --n-ctx N            llama.cpp context, all slots together (default 32768)
+    --parallel N         llama.cpp slots (default 4)
+    --kv-dtype DTYPE     bf16 (default), fp16, fp32, fp8; q8_0, q4_0 with llama.cpp
+    --weight-dtype DTYPE dtype of the weights when sized from the parameter count (default bf16; q4_0, q8_0)
     --weight-gb GB       weights of the whole model in GB (10^9 bytes), overriding the estimate
-    --context N          context length for the capacity lines (default 32768)
+    --context N          context length for the capacity lines (default 32768; llama.cpp: one slot)
     --avg-context N      average context of a user (default: half of --context)
-    --block-size N       tokens per block (default 16)
+    --block-size N       tokens per block (default 16; 64 for MLA on Hopper)
+    --chunk N            prefill chunk (vLLM's max_num_batched_tokens) for the prefill peak (default 8192)
     --tp N               tensor-parallel degree (default 1)
     --gpu-util F         fraction of GPU memory vLLM may use, in (0, 1] (default 0.9)
     -h, --help           this help
@@ -40,9 +47,13 @@ struct Args {
     kv_dtype: KvDtype,
     weight_dtype: KvDtype,
     weight_gb: Option<f64>,
-    context: u64,
+    context: Option<u64>,
     avg_context: Option<u64>,
-    block_size: u32,
+    block_size: Option<u32>,
+    engine: String,
+    n_ctx: u32,
+    parallel: u32,
+    chunk: u64,
     tp: u32,
     gpu_util: f64,
 }
@@ -58,9 +69,13 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Option<Args>, Stri
         kv_dtype: KvDtype::Bf16,
         weight_dtype: KvDtype::Bf16,
         weight_gb: None,
-        context: 32_768,
+        context: None,
         avg_context: None,
-        block_size: 16,
+        block_size: None,
+        engine: "vllm".into(),
+        n_ctx: 32_768,
+        parallel: 4,
+        chunk: 8192,
         tp: 1,
         gpu_util: 0.9,
     };
@@ -84,6 +99,10 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Option<Args>, Stri
             "--block-size",
             "--tp",
             "--gpu-util",
+            "--engine",
+            "--n-ctx",
+            "--parallel",
+            "--chunk",
         ];
         if !known.contains(&name.as_str()) {
             return Err(format!("unknown argument `{flag}` (see --help)"));
@@ -106,9 +125,13 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Option<Args>, Stri
                 }
                 args.weight_gb = Some(gb);
             }
-            "--context" => args.context = value.parse().map_err(|_| bad("a token count"))?,
+            "--context" => args.context = Some(value.parse().map_err(|_| bad("a token count"))?),
             "--avg-context" => args.avg_context = Some(value.parse().map_err(|_| bad("a token count"))?),
-            "--block-size" => args.block_size = value.parse().map_err(|_| bad("a positive integer"))?,
+            "--block-size" => args.block_size = Some(value.parse().map_err(|_| bad("a positive integer"))?),
+            "--engine" => args.engine = value.clone(),
+            "--n-ctx" => args.n_ctx = value.parse().map_err(|_| bad("a token count"))?,
+            "--parallel" => args.parallel = value.parse().map_err(|_| bad("a positive integer"))?,
+            "--chunk" => args.chunk = value.parse().map_err(|_| bad("a token count"))?,
             "--tp" => args.tp = value.parse().map_err(|_| bad("a positive integer"))?,
             "--gpu-util" => args.gpu_util = value.parse().map_err(|_| bad("a fraction in (0, 1]"))?,
             _ => unreachable!("checked against the known flags"),
@@ -148,6 +171,15 @@ fn from_config(_json: &str, _path: &str) -> Result<ModelSpec, String> {
     Err("--config needs the `hf-config` feature (on by default)".into())
 }
 
+fn engine(args: &Args) -> Result<Engine, String> {
+    match args.engine.to_ascii_lowercase().as_str() {
+        "llama.cpp" | "llamacpp" | "llama-cpp" | "ollama" => {
+            Engine::llama_cpp(args.n_ctx, args.parallel).map_err(|e| e.to_string())
+        }
+        name => name.parse().map_err(|e: kvgate::ConfigError| format!("--engine: {e}, llama.cpp")),
+    }
+}
+
 fn rebuild_with_params(spec: &ModelSpec, params: u64) -> ModelSpec {
     spec.groups()
         .iter()
@@ -165,7 +197,7 @@ fn gib(bytes: u64) -> String {
     format!("{:.2} GiB", bytes as f64 / (1u64 << 30) as f64)
 }
 
-fn layout(spec: &ModelSpec) -> String {
+fn layout_text(spec: &ModelSpec) -> String {
     spec.groups().iter().map(|g| format!("{} x {}", g.layers(), g.kind())).collect::<Vec<_>>().join("; ")
 }
 
@@ -177,39 +209,64 @@ fn run(args: &Args) -> Result<(), String> {
             spec.name()
         ));
     }
+    let engine = engine(args)?;
     let mut builder = GpuPlan::builder(spec.clone())
         .gpu(&args.gpu)
+        .engine(engine)
         .kv_dtype(args.kv_dtype)
         .weight_dtype(args.weight_dtype)
-        .block_size(args.block_size)
         .tensor_parallel(args.tp)
         .memory_utilization(args.gpu_util);
+    if let Some(block) = args.block_size {
+        builder = builder.block_size(block);
+    }
     if let Some(weight_gb) = args.weight_gb {
         builder = builder.weight_bytes((weight_gb * 1e9) as u64);
     }
     let plan = builder.build().map_err(|e| e.to_string())?;
-    let (dtype, block) = (args.kv_dtype, args.block_size);
+    let dtype = args.kv_dtype;
+    let layout = plan.layout();
+    let block = plan.block_size();
 
-    println!("model {} on {} x {}, KV cache {dtype}, blocks of {block} tokens", spec.name(), args.tp, args.gpu);
-    println!("layers: {}", layout(&spec));
-    let has_windows = spec.groups().iter().any(|g| matches!(g.kind(), LayerKind::Sliding { .. }));
+    println!("model {} on {} x {}, KV cache {dtype}, engine {engine}", spec.name(), args.tp, args.gpu);
+    println!("layers: {}", layout_text(&spec));
+    let has_windows =
+        spec.groups().iter().any(|g| matches!(g.kind(), LayerKind::Sliding { .. } | LayerKind::ChunkedLocal { .. }));
     print!("KV bytes per token: {}", spec.bytes_per_token(dtype));
     if has_windows {
         print!(" inside the windows, {} past them", spec.bytes_per_token_past_windows(dtype));
     }
-    println!("\n");
+    println!();
+    if engine.is_vllm() {
+        println!(
+            "vLLM layout: blocks of {block} tokens, {} group(s) of {} layers, {} bytes per block id",
+            layout.num_groups(),
+            layout.group_size(),
+            layout.block_bytes()
+        );
+    }
+    println!();
 
-    println!("| context | naive (every layer full) |    real (vLLM, paged) | real / naive |");
-    println!("|--------:|-------------------------:|----------------------:|-------------:|");
+    let per_gpu = plan.per_gpu_model();
+    println!(
+        "| context | naive (every layer full) |      per layer, paged | {:>21} | exact / naive |",
+        engine_label(engine)
+    );
+    println!("|--------:|-------------------------:|----------------------:|----------------------:|--------------:|");
     for tokens in [4096u64, 8192, 16_384, 32_768, 131_072] {
         let naive = spec.kv_bytes_naive(tokens, dtype);
-        let real = spec.kv_bytes_paged(tokens, dtype, block);
+        let paged = spec.kv_bytes_paged(tokens, dtype, if engine.is_vllm() { block } else { 1 });
+        let exact = plan.sequence_bytes(tokens);
+        let fits = engine.slot_tokens().is_none_or(|slot| tokens <= slot);
+        let exact_text = if fits { gb(exact) } else { "longer than a slot".into() };
+        let ratio = if fits { format!("{:.1}%", 100.0 * exact as f64 / naive as f64) } else { "-".into() };
         println!(
-            "| {:>6}k | {:>24} | {:>21} | {:>11.1}% |",
+            "| {:>6}k | {:>24} | {:>21} | {:>21} | {:>13} |",
             tokens / 1024,
             gb(naive),
-            gb(real),
-            100.0 * real as f64 / naive as f64
+            gb(paged),
+            exact_text,
+            ratio
         );
     }
 
@@ -224,22 +281,54 @@ fn run(args: &Args) -> Result<(), String> {
         gib(plan.reserve_bytes()),
         gib(plan.kv_pool_bytes_per_gpu()),
     );
-    println!(
-        "blocks: {} of {} bytes per GPU = {} tokens cached in every layer",
-        plan.num_blocks(),
-        plan.block_bytes_per_gpu(),
-        plan.max_tokens()
-    );
-    let context = args.context;
+    let context = args.context.or(engine.slot_tokens()).unwrap_or(32_768);
     let avg = args.avg_context.unwrap_or(context / 2);
-    let naive_per_seq = plan.per_gpu_model().kv_bytes_naive(context, dtype);
+    let naive_per_seq = per_gpu.kv_bytes_naive(context, dtype);
     let naive_fit = plan.kv_pool_bytes_per_gpu().checked_div(naive_per_seq).unwrap_or(u64::MAX);
-    println!(
-        "concurrent sequences of {context} tokens: {} (the naive estimate says {naive_fit})",
-        plan.max_sequences(context)
-    );
-    println!("concurrent users at an average context of {avg} tokens: {}", plan.users_at_average_context(avg));
+    match (engine.slots(), engine.slot_tokens()) {
+        (Some(slots), Some(slot)) => {
+            println!(
+                "llama.cpp: {slots} slots of {slot} tokens, {} each, allocated up front ({} of the pool)",
+                gb(plan.block_bytes_per_gpu()),
+                gib(plan.block_bytes_per_gpu() * slots)
+            );
+            println!(
+                "concurrent sequences of {context} tokens: {} (the naive estimate says {naive_fit})",
+                plan.max_sequences(context)
+            );
+        }
+        _ => {
+            println!(
+                "blocks: {} of {} bytes per GPU (one is the null block); vLLM logs \"GPU KV cache size: {} tokens\"",
+                plan.num_blocks(),
+                plan.block_bytes_per_gpu(),
+                plan.kv_cache_tokens()
+            );
+            println!(
+                "concurrent sequences of {context} tokens: {} (the naive estimate says {naive_fit})",
+                plan.max_sequences(context)
+            );
+            println!("concurrent users at an average context of {avg} tokens: {}", plan.users_at_average_context(avg));
+            if has_windows {
+                println!(
+                    "prefill peak of a {context}-token prompt in chunks of {}: {} (sliding layers hold window + chunk), \
+                     {} at steady decode",
+                    args.chunk,
+                    gb(plan.prefill_peak_bytes(context, args.chunk)),
+                    gb(plan.sequence_bytes(context))
+                );
+            }
+        }
+    }
     Ok(())
+}
+
+fn engine_label(engine: Engine) -> &'static str {
+    match engine {
+        Engine::Vllm => "exact (vLLM)",
+        Engine::VllmUniform => "exact (uniform)",
+        _ => "llama.cpp slot",
+    }
 }
 
 fn main() -> ExitCode {

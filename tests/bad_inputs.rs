@@ -442,29 +442,18 @@ fn config_model_type() {
 
 #[test]
 fn config_missing_keys() {
-    missing_key(r#"{"model_type":"llama"}"#, "num_hidden_layers", "llama");
-    missing_key(r#"{"model_type":"llama","num_hidden_layers":2}"#, "num_attention_heads", "llama");
-    missing_key(r#"{"model_type":"llama","num_hidden_layers":2,"num_attention_heads":2}"#, "hidden_size", "llama");
-    missing_key(r#"{"model_type":"gemma2","num_hidden_layers":2}"#, "num_key_value_heads", "gemma2");
-    missing_key(r#"{"model_type":"deepseek_v3","num_hidden_layers":2}"#, "kv_lora_rank", "deepseek_v3");
-    missing_key(
-        r#"{"model_type":"deepseek_v3","num_hidden_layers":2,"kv_lora_rank":512}"#,
-        "qk_rope_head_dim",
-        "deepseek_v3",
-    );
-    missing_key(
-        r#"{"model_type":"gemma4","num_hidden_layers":2,"num_key_value_heads":1,"head_dim":8}"#,
-        "layer_types",
-        "gemma4",
-    );
-    missing_key(r#"{"model_type":"gemma3","text_config":{}}"#, "text_config.num_hidden_layers", "gemma3");
+    // Keys a config leaves out take its transformers class defaults; only keys no class default covers
+    // are missing.
+    assert_eq!(parse(r#"{"model_type":"llama"}"#).unwrap().num_layers(), 32);
+    assert_eq!(parse(r#"{"model_type":"gemma3","text_config":{}}"#).unwrap().num_layers(), 26);
+    missing_key(&llama(r#""layer_types":["mamba","full_attention"]"#), "mamba_expand", "llama");
     missing_key(
         &llama(r#""layer_types":["sliding_attention","full_attention"],"sliding_window":null"#),
         "sliding_window",
         "llama",
     );
-    let msg = parse(r#"{"model_type":"llama"}"#).unwrap_err().to_string();
-    assert!(msg.contains("missing required key `num_hidden_layers`") && msg.contains("\"llama\""), "{msg}");
+    let msg = parse(&llama(r#""layer_types":["mamba","full_attention"]"#)).unwrap_err().to_string();
+    assert!(msg.contains("missing required key `mamba_expand`") && msg.contains("\"llama\""), "{msg}");
 }
 
 #[test]
@@ -527,9 +516,9 @@ fn config_zeros() {
     assert_eq!(invalid_key(mistral, "sliding_window"), "must be at least 1");
     let gemma3 = r#"{"model_type":"gemma3","num_hidden_layers":2,"num_key_value_heads":1,"sliding_window_pattern":0}"#;
     assert_eq!(invalid_key(gemma3, "sliding_window_pattern"), "must be at least 1");
-    // Every layer without a cache of its own.
+    // Recurrent layers in a family whose class has no state sizes.
     let mamba = llama(r#""layer_types":["mamba","linear_attention"]"#);
-    assert_eq!(parse(&mamba).unwrap_err(), ConfigError::Zero { what: "layers holding a KV cache" });
+    assert!(matches!(parse(&mamba).unwrap_err(), ConfigError::MissingKey { .. }));
 }
 
 #[test]
@@ -559,7 +548,8 @@ fn config_hostile_shapes() {
         "{\"text_config\":".repeat(100),
         "{}".to_owned() + &"}".repeat(100)
     );
-    missing_key(&chain, "text_config.num_hidden_layers", "gemma3");
+    // Its keys are absent, so Gemma3TextConfig's defaults apply (26 layers).
+    assert_eq!(parse(&chain).unwrap().num_layers(), 26);
     // Deep arrays anywhere are refused the same way (no stack overflow).
     let arrays = format!("{{\"model_type\":\"llama\",\"x\":{}{}}}", "[".repeat(100_000), "]".repeat(100_000));
     assert!(invalid_json(&arrays).contains("recursion limit"));
@@ -606,7 +596,7 @@ fn unknown_names() {
         match garbage.parse::<KvDtype>().unwrap_err() {
             ConfigError::UnknownName { what: "dtype", name, known } => {
                 assert_eq!(name, garbage);
-                assert_eq!(known, "bf16, fp16 (f16), fp32 (f32), fp8");
+                assert_eq!(known, "bf16, fp16 (f16), fp32 (f32), fp8, q8_0, q4_0");
             }
             other => panic!("{other:?}"),
         }

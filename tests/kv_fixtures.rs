@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 
 use kvgate::ConfigError;
-use kvgate::kv::{KvDtype, LayerKind, ModelSpec, NoKvReason};
+use kvgate::kv::{Engine, KvDtype, LayerKind, ModelSpec, RecurrentKind};
 
 const DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/fixtures/hf-configs");
 
@@ -265,8 +265,10 @@ fn qwen3_next_linear_layers_hold_nothing() {
     };
     // full_attention_interval 4 → layers 3, 7, ..., 47 (12) full; 36 linear attention, no KV cache.
     // 2 KV heads × head_dim 256: B = 2 × 2 × 256 × 2 = 2048; per token 12 × 2048 = 24_576.
-    assert_eq!((spec.full_layers(), spec.no_kv_layers()), (12, 36));
-    assert!(spec.groups().iter().any(|g| g.kind() == LayerKind::NoKv(NoKvReason::LinearAttention)));
+    assert_eq!((spec.full_layers(), spec.recurrent_layers()), (12, 36));
+    // Gated DeltaNet state: (4 − 1) × (2 × 16 × 128 + 32 × 128) + 32 × 128 × 128 = 24,576 + 524,288.
+    let gdn = LayerKind::Recurrent { kind: RecurrentKind::GatedDeltaNet, state_elements: 548_864 };
+    assert!(spec.groups().iter().any(|g| g.kind() == gdn));
     assert_eq!(spec.bytes_per_token(BF16), 24_576);
     check(&spec, 1000, 1000 * 24_576, 1008 * 24_576, 1000 * 24_576);
     check(&spec, 262_143, 262_143 * 24_576, 262_144 * 24_576, 262_143 * 24_576);
@@ -291,11 +293,44 @@ fn gemma_4_shared_kv_layers_and_null_global_heads() {
 }
 
 #[test]
-fn missing_required_keys_are_named() {
-    let err = ModelSpec::from_hf_config(r#"{"model_type": "deepseek_v3", "num_hidden_layers": 61}"#);
-    assert_eq!(err, Err(ConfigError::MissingKey { key: "kv_lora_rank".into(), model_type: "deepseek_v3".into() }));
-    let err = ModelSpec::from_hf_config(r#"{"model_type": "llama", "num_hidden_layers": 2, "num_attention_heads": 4}"#);
-    assert_eq!(err, Err(ConfigError::MissingKey { key: "hidden_size".into(), model_type: "llama".into() }));
+fn absent_keys_take_the_class_defaults() {
+    // DeepseekV3Config: 61 layers, kv_lora_rank 512, qk_rope_head_dim 64.
+    let spec = ModelSpec::from_hf_config(r#"{"model_type": "deepseek_v3"}"#).unwrap();
+    assert_eq!(spec.groups(), ModelSpec::preset("deepseek-v3").unwrap().groups());
+    // LlamaConfig without hidden_size: 4096 / 2 heads = 2048 per head.
+    let spec =
+        ModelSpec::from_hf_config(r#"{"model_type": "llama", "num_hidden_layers": 2, "num_attention_heads": 2}"#);
+    assert_eq!(spec.unwrap().groups()[0].kind(), LayerKind::Full { kv_heads: 2, k_head_dim: 2048, v_head_dim: 2048 });
     let err = ModelSpec::from_hf_config(r#"{"model_type": "mamba", "num_hidden_layers": 2}"#);
     assert_eq!(err, Err(ConfigError::UnsupportedArchitecture { model_type: "mamba".into() }));
+}
+
+// The figures of vLLM's own allocator, from the published files.
+
+#[test]
+fn engine_exact_figures_from_the_published_configs() {
+    let (Some(gemma), Some(gpt_oss), Some(next)) =
+        (load("gemma-3-27b-it.json"), load("gpt-oss-20b.json"), load("qwen3-next-80b-a3b.json"))
+    else {
+        return;
+    };
+    // Gemma 3 27B at 32,768 tokens: one page = 16 tokens × 8192 B = 131,072 B; group size 10 (10 full, 52
+    // sliding: 52 ≥ 1.5 × 10); 1 full group of 2048 blocks, 6 sliding groups (the last padded with 8 empty
+    // layers) of 2048 − (32,768 − 1024) / 16 = 64 blocks each: (2048 + 6 × 64) × 10 × 131,072.
+    assert_eq!(gemma.sequence_bytes(32_768, KvDtype::Bf16, 16, Engine::Vllm), 3_187_671_040);
+    assert_eq!(gemma.kv_bytes_paged(32_768, KvDtype::Bf16, 16), 3_120_562_176);
+    // gpt-oss-20b at 1000 tokens: a sliding layer holds cdiv(1000, 16) − (1000 − 128) / 16 = 63 − 54 = 9 blocks.
+    let layout = gpt_oss.kv_layout(KvDtype::Bf16, 16, Engine::Vllm).unwrap();
+    assert_eq!(layout.group_size(), 12);
+    // 12 full + 12 sliding: one group each; a block id = 12 × 16 × 2048 = 393,216 B; 63 + 9 = 72 ids.
+    assert_eq!(layout.sequence_blocks(1000), 63 + 9);
+    assert_eq!(layout.sequence_bytes(1000), 72 * 393_216);
+    // Qwen3-Next 80B at 1000 tokens: state page 548,864 × 2 = 1,097,728 B raises the attention block to
+    // 16 × cdiv(1,097,728, 16 × 2048) = 544 tokens, page 544 × 2048 = 1,114,112 B (the state padded to it);
+    // group size 12: 1 attention group of cdiv(1000, 544) = 2 blocks + 3 state groups of 1:
+    // 5 × 12 × 1,114,112 = 66,846,720 B (kvgate's per-layer model says 24.8 MB).
+    let layout = next.kv_layout(KvDtype::Bf16, 16, Engine::Vllm).unwrap();
+    assert_eq!(layout.block_size(), 544);
+    assert_eq!(layout.sequence_bytes(1000), 66_846_720);
+    assert_eq!(next.kv_bytes_paged(1000, KvDtype::Bf16, 16), 1008 * 24_576);
 }

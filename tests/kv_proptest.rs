@@ -1,6 +1,6 @@
 //! Properties of the KV-memory model over random layer layouts, and a parser that never panics.
 
-use kvgate::kv::{KvDtype, LayerKind, ModelSpec, NoKvReason};
+use kvgate::kv::{Engine, KvDtype, LayerKind, ModelSpec, NoKvReason, RecurrentKind};
 use proptest::prelude::*;
 
 fn kind() -> impl Strategy<Value = LayerKind> {
@@ -11,7 +11,7 @@ fn kind() -> impl Strategy<Value = LayerKind> {
             LayerKind::Sliding { kv_heads, k_head_dim: k, v_head_dim: v, window }
         }),
         (1u32..=2048).prop_map(|latent_dim| LayerKind::Mla { latent_dim }),
-        Just(LayerKind::NoKv(NoKvReason::LinearAttention)),
+        Just(LayerKind::NoKv(NoKvReason::SharedKv)),
     ]
 }
 
@@ -105,6 +105,139 @@ proptest! {
     }
 }
 
+/// Layers for the engine properties: attention of every kind, MLA and recurrent state, small enough that
+/// page sizes stay unifiable in most draws (the others are skipped where a layout is refused).
+fn engine_kind() -> impl Strategy<Value = LayerKind> {
+    let heads = prop::sample::select(vec![1u32, 2, 4, 8]);
+    let dim = prop::sample::select(vec![64u32, 128, 256]);
+    prop_oneof![
+        (heads.clone(), dim.clone()).prop_map(|(kv_heads, d)| LayerKind::Full {
+            kv_heads,
+            k_head_dim: d,
+            v_head_dim: d
+        }),
+        (heads.clone(), dim.clone(), 1u32..=5000).prop_map(|(kv_heads, d, window)| {
+            LayerKind::Sliding { kv_heads, k_head_dim: d, v_head_dim: d, window }
+        }),
+        (heads, dim, 1u32..=5000).prop_map(|(kv_heads, d, chunk)| {
+            LayerKind::ChunkedLocal { kv_heads, k_head_dim: d, v_head_dim: d, chunk }
+        }),
+        prop::sample::select(vec![256u32, 576]).prop_map(|latent_dim| LayerKind::Mla { latent_dim }),
+        (1u32..=600_000)
+            .prop_map(|state_elements| LayerKind::Recurrent { kind: RecurrentKind::GatedDeltaNet, state_elements }),
+    ]
+}
+
+fn engine_spec() -> impl Strategy<Value = ModelSpec> {
+    spec_of(engine_kind().boxed())
+}
+
+/// Like [`engine_spec`] without recurrent layers.
+fn attention_spec() -> impl Strategy<Value = ModelSpec> {
+    spec_of(engine_kind().prop_filter("attention only", |k| !matches!(k, LayerKind::Recurrent { .. })).boxed())
+}
+
+fn spec_of(kind: BoxedStrategy<LayerKind>) -> impl Strategy<Value = ModelSpec> {
+    (prop::collection::vec((1u32..=40, kind), 1..=4), 1u32..=8).prop_map(|(groups, kv)| {
+        groups
+            .into_iter()
+            .fold(ModelSpec::builder("random").full(1, kv, 128), |b, (layers, kind)| b.group(layers, kind))
+            .build()
+            .expect("valid by construction")
+    })
+}
+
+fn engine() -> impl Strategy<Value = Engine> {
+    prop_oneof![
+        Just(Engine::Vllm),
+        Just(Engine::VllmUniform),
+        (1u32..=200_000, 1u32..=16).prop_map(|(n_ctx, n)| Engine::llama_cpp(n_ctx.max(n), n).unwrap()),
+    ]
+}
+
+fn block() -> impl Strategy<Value = u32> {
+    prop::sample::select(vec![1u32, 7, 16, 32, 64, 128])
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(128))]
+
+    #[test]
+    fn peak_is_monotone_and_covers_every_shorter_length(
+        spec in engine_spec(), engine in engine(), block in block(), t in 0u64..200_000, d in 0u64..20_000, n in 0u64..200_000,
+    ) {
+        let Ok(layout) = spec.kv_layout(KvDtype::Bf16, block, engine) else { return Ok(()) };
+        prop_assert!(layout.max_sequence_bytes(t) <= layout.max_sequence_bytes(t + d));
+        let n = n.min(t);
+        prop_assert!(layout.sequence_bytes(n) <= layout.max_sequence_bytes(t), "at {} of {}", n, t);
+    }
+
+    #[test]
+    fn vllm_holds_at_least_every_token_each_layer_needs(spec in engine_spec(), block in block(), t in 0u64..500_000) {
+        let Ok(layout) = spec.kv_layout(KvDtype::Bf16, block, Engine::Vllm) else { return Ok(()) };
+        prop_assert!(layout.sequence_bytes(t) >= spec.kv_bytes(t, KvDtype::Bf16));
+    }
+
+    #[test]
+    fn uniform_engine_keeps_every_token_in_whole_blocks(spec in attention_spec(), block in block(), t in 0u64..500_000) {
+        // Without recurrent layers the manager-off layout is one group: cdiv(t, block) blocks of every
+        // layer, the naive count rounded up to blocks.
+        let uniform = spec.sequence_bytes(t, KvDtype::Bf16, block, Engine::VllmUniform);
+        let full = spec.groups().iter().map(|g| g.kind().as_full().bytes_per_token(KvDtype::Bf16) * u64::from(g.layers())).sum::<u64>();
+        prop_assert_eq!(uniform, t.div_ceil(u64::from(block)) * u64::from(block) * full);
+    }
+
+    #[test]
+    fn uniform_engine_never_holds_less_without_padding(
+        kinds in prop::collection::vec(engine_kind(), 1..=4), layers in 1u32..=12, block in block(), t in 0u64..300_000,
+    ) {
+        // Every type has the same layer count and page (one KV head of 128, no state): no padding and no
+        // page unification, so switching the manager off can only keep more.
+        let spec = kinds
+            .into_iter()
+            .filter_map(|k| match k {
+                LayerKind::Sliding { window, .. } => Some(LayerKind::Sliding { kv_heads: 1, k_head_dim: 128, v_head_dim: 128, window }),
+                LayerKind::ChunkedLocal { chunk, .. } => Some(LayerKind::ChunkedLocal { kv_heads: 1, k_head_dim: 128, v_head_dim: 128, chunk }),
+                _ => None,
+            })
+            .fold(ModelSpec::builder("same").full(layers, 1, 128), |b, kind| b.group(layers, kind))
+            .build()
+            .unwrap();
+        prop_assume!(spec.groups().len() == (spec.num_layers() / layers) as usize);
+        let hybrid = spec.sequence_bytes(t, KvDtype::Bf16, block, Engine::Vllm);
+        prop_assert!(spec.sequence_bytes(t, KvDtype::Bf16, block, Engine::VllmUniform) >= hybrid);
+        prop_assert!(hybrid >= spec.kv_bytes(t, KvDtype::Bf16));
+    }
+
+    #[test]
+    fn shared_prefix_and_suffix_cover_the_sequence(
+        spec in engine_spec(), block in block(), p in 0u64..50_000, n in 0u64..50_000, t in 0u64..50_000,
+    ) {
+        // For every length n between the prefix and the request's end: what the request holds is at most the
+        // prefix (charged once) plus its own suffix charge.
+        let Ok(layout) = spec.kv_layout(KvDtype::Bf16, block, Engine::Vllm) else { return Ok(()) };
+        let t = t.max(p);
+        let n = n.clamp(p, t);
+        let charged = layout.prefix_bytes(p).saturating_add(layout.max_suffix_bytes(t, p));
+        prop_assert!(layout.sequence_bytes(n) <= charged, "n {} p {} t {}", n, p, t);
+        prop_assert!(layout.max_suffix_bytes(t, p) <= layout.max_sequence_bytes(t));
+        prop_assert_eq!(layout.max_suffix_bytes(t, 0), layout.max_sequence_bytes(t));
+    }
+
+    #[test]
+    fn prefill_peak_is_at_least_the_steady_state(spec in engine_spec(), block in block(), p in 0u64..100_000, chunk in 128u64..16_384) {
+        let Ok(layout) = spec.kv_layout(KvDtype::Bf16, block, Engine::Vllm) else { return Ok(()) };
+        prop_assert!(layout.prefill_peak_bytes(p, chunk) >= layout.sequence_bytes(p));
+    }
+
+    #[test]
+    fn fp8_halves_an_attention_only_layout(spec in attention_spec(), block in block(), t in 0u64..500_000) {
+        let Ok(bf16) = spec.kv_layout(KvDtype::Bf16, block, Engine::Vllm) else { return Ok(()) };
+        let fp8 = spec.kv_layout(KvDtype::Fp8, block, Engine::Vllm).unwrap();
+        prop_assert_eq!(fp8.sequence_bytes(t) * 2, bf16.sequence_bytes(t));
+    }
+}
+
 #[cfg(feature = "hf-config")]
 mod parser {
     use super::*;
@@ -151,7 +284,20 @@ mod parser {
         "global_head_dim",
         "num_global_key_value_heads",
         "num_kv_shared_layers",
+        "attention_chunk_size",
+        "no_rope_layers",
+        "linear_num_value_heads",
+        "mamba_d_ssm",
+        "mamba_n_heads",
+        "mamba_d_head",
         "llama",
+        "llama4",
+        "smollm3",
+        "falcon_h1",
+        "glm4_moe",
+        "glm4_moe_lite",
+        "chunked_attention",
+        "hybrid",
         "gemma3",
         "gemma4",
         "qwen3_next",
@@ -237,7 +383,7 @@ mod parser {
     fn sane(json: &str) {
         if let Ok(spec) = ModelSpec::from_hf_config(json) {
             assert!(spec.num_layers() > 0);
-            assert!(spec.bytes_per_token(KvDtype::Bf16) > 0);
+            assert!(spec.bytes_per_token(KvDtype::Bf16) > 0 || spec.recurrent_layers() > 0);
             let _ = spec.kv_bytes_paged(u64::MAX, KvDtype::F32, 16);
         }
     }

@@ -1,14 +1,34 @@
 //! Arbitrary bytes into `ModelSpec::from_hf_config`: never panics; when it returns a spec, every size
-//! function is total (no panic, no overflow) for any token count, dtype and block size, and the
-//! documented relations hold (paged >= exact, naive >= exact, fp8 = bf16 / 2 below saturation).
+//! function is total (no panic, no overflow) for any token count, dtype, block size and engine, and the
+//! documented relations hold (paged >= exact, naive >= exact, fp8 = bf16 / 2 below saturation, an engine's
+//! peak >= its bytes at the same length, prefix + suffix cover the sequence).
 #![no_main]
 
-use kvgate::kv::{KvDtype, ModelSpec};
+use kvgate::kv::{Engine, KvDtype, ModelSpec};
 use libfuzzer_sys::fuzz_target;
+
+pub fn check_engines(spec: &ModelSpec, tokens: u64, block: u32) {
+    let engines = [Engine::Vllm, Engine::VllmUniform, Engine::LlamaCpp { n_ctx: 4096, n_parallel: 4 }];
+    for engine in engines {
+        for dtype in [KvDtype::Bf16, KvDtype::Fp8, KvDtype::Q4_0] {
+            let Ok(layout) = spec.kv_layout(dtype, block, engine) else { continue };
+            for t in [0, 1, tokens % 1_000_000, tokens, u64::MAX] {
+                let now = layout.sequence_bytes(t);
+                let peak = layout.max_sequence_bytes(t);
+                assert!(peak >= now, "{engine}: peak {peak} < {now} at {t}");
+                let prefix = t / 2;
+                let _ = layout.prefill_peak_bytes(t, 8192);
+                let _ = layout.max_suffix_bytes(t, prefix).saturating_add(layout.prefix_bytes(prefix));
+                let _ = layout.kv_cache_tokens(layout.num_blocks(t));
+            }
+        }
+    }
+}
 
 pub fn check_spec(spec: &ModelSpec, tokens: u64, block: u32) {
     assert!(spec.num_layers() >= 1);
-    for dtype in [KvDtype::Fp8, KvDtype::Bf16, KvDtype::F16, KvDtype::F32] {
+    check_engines(spec, tokens, block);
+    for dtype in KvDtype::ALL {
         let exact = spec.kv_bytes(tokens, dtype);
         let paged = spec.kv_bytes_paged(tokens, dtype, block);
         let naive = spec.kv_bytes_naive(tokens, dtype);

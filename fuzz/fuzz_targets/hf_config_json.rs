@@ -5,7 +5,7 @@
 //! `hf_config_bytes`, and its layer count must equal `num_hidden_layers` of the section it came from.
 #![no_main]
 
-use kvgate::kv::{KvDtype, ModelSpec};
+use kvgate::kv::{Engine, KvDtype, ModelSpec};
 use libfuzzer_sys::arbitrary::{self, Arbitrary};
 use libfuzzer_sys::fuzz_target;
 use serde_json::{Map, Value};
@@ -30,6 +30,22 @@ const KEYS: &[&str] = &[
     "global_head_dim",
     "num_global_key_value_heads",
     "num_kv_shared_layers",
+    "attention_chunk_size",
+    "no_rope_layers",
+    "no_rope_layer_interval",
+    "linear_conv_kernel_dim",
+    "linear_key_head_dim",
+    "linear_value_head_dim",
+    "linear_num_key_heads",
+    "linear_num_value_heads",
+    "mamba_d_ssm",
+    "mamba_n_heads",
+    "mamba_d_head",
+    "mamba_n_groups",
+    "mamba_d_state",
+    "mamba_d_conv",
+    "mamba_expand",
+    "layers_block_type",
     "text_config",
     "vision_config",
     "architectures",
@@ -58,6 +74,13 @@ const MODEL_TYPES: &[&str] = &[
     "deepseek_v3",
     "gpt_oss",
     "jamba",
+    "llama4",
+    "llama4_text",
+    "smollm3",
+    "falcon_h1",
+    "glm4_moe",
+    "glm4_moe_lite",
+    "qwen3_5_text",
     "llava",
     "bert",
     "",
@@ -65,8 +88,17 @@ const MODEL_TYPES: &[&str] = &[
     "LLAMA",
 ];
 
-const LAYER_TYPES: &[&str] =
-    &["full_attention", "sliding_attention", "linear_attention", "mamba", "attention", "conv", ""];
+const LAYER_TYPES: &[&str] = &[
+    "full_attention",
+    "sliding_attention",
+    "chunked_attention",
+    "linear_attention",
+    "mamba",
+    "hybrid",
+    "attention",
+    "conv",
+    "",
+];
 
 #[derive(Debug, Arbitrary)]
 enum Val {
@@ -148,10 +180,23 @@ fuzz_target!(|input: Input| {
         Some(Value::Object(obj)) => obj,
         _ => &root,
     };
-    let layers = section.get("num_hidden_layers").and_then(Value::as_u64).expect("a spec without num_hidden_layers");
-    assert_eq!(u64::from(spec.num_layers()), layers, "layer count differs from num_hidden_layers");
+    // Absent, the class default applies; a Falcon-H1 (or `hybrid`) layer holds attention and Mamba2 side by
+    // side, so the spec has between num_hidden_layers and twice that many layers.
+    if let Some(layers) = section.get("num_hidden_layers").and_then(Value::as_u64) {
+        let n = u64::from(spec.num_layers());
+        assert!(n >= layers && n <= 2 * layers, "{n} layers for num_hidden_layers {layers}");
+    }
     let tokens = input.tokens;
-    for dtype in [KvDtype::Fp8, KvDtype::Bf16, KvDtype::F32] {
+    for engine in [Engine::Vllm, Engine::VllmUniform, Engine::LlamaCpp { n_ctx: 8192, n_parallel: 2 }] {
+        if let Ok(layout) = spec.kv_layout(KvDtype::Bf16, input.block, engine) {
+            let peak = layout.max_sequence_bytes(tokens);
+            assert!(peak >= layout.sequence_bytes(tokens));
+            assert!(layout.max_sequence_bytes(tokens.saturating_add(1)) >= peak, "peak is monotone");
+            let prefix = tokens / 3;
+            let _ = layout.prefix_bytes(prefix).saturating_add(layout.max_suffix_bytes(tokens, prefix));
+        }
+    }
+    for dtype in KvDtype::ALL {
         let exact = spec.kv_bytes(tokens, dtype);
         assert!(spec.kv_bytes_paged(tokens, dtype, input.block) >= exact);
         assert!(spec.kv_bytes_naive(tokens, dtype) >= exact);

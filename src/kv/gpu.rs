@@ -47,10 +47,26 @@ const TFLOPS: u64 = 1_000_000_000_000;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Gpu {
     name: &'static str,
+    arch: GpuArch,
     memory_bytes: u64,
     memory_bandwidth: u64,
     bf16_flops: u64,
     fp8_flops: Option<u64>,
+}
+
+/// A GPU's architecture, where it changes what an engine does (vLLM runs MLA with FlashMLA, in blocks of
+/// 64 tokens, on Hopper only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum GpuArch {
+    /// NVIDIA Ampere (A100, A10G): compute capability 8.0 / 8.6, no fp8.
+    Ampere,
+    /// NVIDIA Ada Lovelace (L4, L40S, RTX 4090): compute capability 8.9.
+    Ada,
+    /// NVIDIA Hopper (H100, H200): compute capability 9.0.
+    Hopper,
+    /// AMD CDNA 3 (MI300X).
+    Cdna3,
 }
 
 /// The GPU presets, in the order [`Gpu::names`] lists them.
@@ -74,26 +90,27 @@ pub struct Gpu {
 ///   TFLOPS dense (twice that with sparsity).
 #[rustfmt::skip]
 const GPUS: &[Gpu] = &[
-    Gpu::new("l4",       23_034 * MIB,    300 * GB, 121 * TFLOPS,         Some(2_425 * TFLOPS / 10)),
-    Gpu::new("a10g",     23_028 * MIB,    600 * GB,  70 * TFLOPS,         None),
-    Gpu::new("rtx-4090", 24_564 * MIB,  1_008 * GB, 1_652 * TFLOPS / 10,  Some(3_303 * TFLOPS / 10)),
-    Gpu::new("a100-40",  40_960 * MIB,  1_555 * GB, 312 * TFLOPS,         None),
-    Gpu::new("l40s",     46_068 * MIB,    864 * GB, 36_205 * TFLOPS / 100, Some(733 * TFLOPS)),
-    Gpu::new("a100-80",  81_920 * MIB,  2_039 * GB, 312 * TFLOPS,         None),
-    Gpu::new("h100-80",  81_559 * MIB,  3_350 * GB, 9_894 * TFLOPS / 10,  Some(19_789 * TFLOPS / 10)),
-    Gpu::new("h200-141", 143_771 * MIB, 4_800 * GB, 9_894 * TFLOPS / 10,  Some(19_789 * TFLOPS / 10)),
-    Gpu::new("mi300x",   192 * GIB,     5_300 * GB, 13_074 * TFLOPS / 10, Some(26_149 * TFLOPS / 10)),
+    Gpu::new("l4",       GpuArch::Ada,     23_034 * MIB,   300 * GB,    121 * TFLOPS,           Some(2_425 * TFLOPS / 10)),
+    Gpu::new("a10g",     GpuArch::Ampere,  23_028 * MIB,   600 * GB,    70 * TFLOPS,            None),
+    Gpu::new("rtx-4090", GpuArch::Ada,     24_564 * MIB,   1_008 * GB,  1_652 * TFLOPS / 10,    Some(3_303 * TFLOPS / 10)),
+    Gpu::new("a100-40",  GpuArch::Ampere,  40_960 * MIB,   1_555 * GB,  312 * TFLOPS,           None),
+    Gpu::new("l40s",     GpuArch::Ada,     46_068 * MIB,   864 * GB,    36_205 * TFLOPS / 100,  Some(733 * TFLOPS)),
+    Gpu::new("a100-80",  GpuArch::Ampere,  81_920 * MIB,   2_039 * GB,  312 * TFLOPS,           None),
+    Gpu::new("h100-80",  GpuArch::Hopper,  81_559 * MIB,   3_350 * GB,  9_894 * TFLOPS / 10,    Some(19_789 * TFLOPS / 10)),
+    Gpu::new("h200-141", GpuArch::Hopper,  143_771 * MIB,  4_800 * GB,  9_894 * TFLOPS / 10,    Some(19_789 * TFLOPS / 10)),
+    Gpu::new("mi300x",   GpuArch::Cdna3,   192 * GIB,      5_300 * GB,  13_074 * TFLOPS / 10,   Some(26_149 * TFLOPS / 10)),
 ];
 
 impl Gpu {
     const fn new(
         name: &'static str,
+        arch: GpuArch,
         memory_bytes: u64,
         memory_bandwidth: u64,
         bf16_flops: u64,
         fp8_flops: Option<u64>,
     ) -> Gpu {
-        Gpu { name, memory_bytes, memory_bandwidth, bf16_flops, fp8_flops }
+        Gpu { name, arch, memory_bytes, memory_bandwidth, bf16_flops, fp8_flops }
     }
 
     /// The preset called `name` (ASCII case-insensitive); see [`Gpu::names`].
@@ -130,6 +147,12 @@ impl Gpu {
         self.name
     }
 
+    /// The architecture.
+    #[must_use]
+    pub const fn arch(&self) -> GpuArch {
+        self.arch
+    }
+
     /// Total memory, bytes.
     #[must_use]
     pub const fn memory_bytes(&self) -> u64 {
@@ -153,7 +176,7 @@ impl Gpu {
         match dtype {
             KvDtype::Bf16 | KvDtype::F16 => Some(self.bf16_flops),
             KvDtype::Fp8 => self.fp8_flops,
-            KvDtype::F32 => None,
+            KvDtype::F32 | KvDtype::Q8_0 | KvDtype::Q4_0 => None,
         }
     }
 }

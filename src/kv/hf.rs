@@ -1,57 +1,21 @@
 //! Reading a Hugging Face `config.json` into a [`ModelSpec`] (feature `hf-config`).
 //!
-//! The rules applied to each family are documented on [`ModelSpec::from_hf_config`].
+//! The rules applied to each family are documented on [`ModelSpec::from_hf_config`]; the class defaults
+//! live in [`super::hf_defaults`].
 
 use serde_json::{Map, Value};
 
-use super::{LayerKind, ModelSpec, NoKvReason};
+use super::hf_defaults::{ClassDefault, Family, FamilyInfo};
+use super::{LayerKind, ModelSpec, NoKvReason, RecurrentKind};
 use crate::ConfigError;
 
-/// The families whose KV layout the parser knows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Family {
-    Llama,
-    Mistral,
-    Phi3,
-    Qwen2,
-    Qwen3Next,
-    Gemma,
-    Gemma2,
-    Gemma3,
-    Gemma4,
-    DeepSeek,
-    GptOss,
-    Jamba,
-}
-
-/// `model_type` values accepted, with their family (a `_text` suffix is accepted too).
-const MODEL_TYPES: &[(&str, Family)] = &[
-    ("llama", Family::Llama),
-    ("mixtral", Family::Llama),
-    ("mistral", Family::Mistral),
-    ("phi3", Family::Phi3),
-    ("qwen2", Family::Qwen2),
-    ("qwen2_moe", Family::Qwen2),
-    ("qwen3", Family::Qwen2),
-    ("qwen3_moe", Family::Qwen2),
-    ("qwen3_next", Family::Qwen3Next),
-    ("qwen3_5", Family::Qwen3Next),
-    ("qwen3_5_moe", Family::Qwen3Next),
-    ("gemma", Family::Gemma),
-    ("gemma2", Family::Gemma2),
-    ("gemma3", Family::Gemma3),
-    ("gemma4", Family::Gemma4),
-    ("deepseek_v2", Family::DeepSeek),
-    ("deepseek_v3", Family::DeepSeek),
-    ("gpt_oss", Family::GptOss),
-    ("jamba", Family::Jamba),
-];
-
-/// One section of the config (the root or `text_config`), with the path prefix used in error messages.
+/// One section of the config (the root or `text_config`), with the path prefix used in error messages and
+/// the family whose class defaults fill absent keys.
 struct Section<'a> {
     obj: &'a Map<String, Value>,
     prefix: &'static str,
     model_type: &'a str,
+    info: &'static FamilyInfo,
 }
 
 impl Section<'_> {
@@ -64,28 +28,56 @@ impl Section<'_> {
         self.obj.get(key).filter(|v| !v.is_null())
     }
 
-    fn u32_opt(&self, key: &str) -> Result<Option<u32>, ConfigError> {
+    fn is_null(&self, key: &str) -> bool {
+        self.obj.get(key).is_some_and(Value::is_null)
+    }
+
+    fn invalid(&self, key: &str, reason: String) -> ConfigError {
+        ConfigError::InvalidKey { key: self.path(key), reason }
+    }
+
+    /// The file's value of `key` (`None` when absent or null).
+    fn u32_in_file(&self, key: &str) -> Result<Option<u32>, ConfigError> {
         let Some(v) = self.get(key) else {
             return Ok(None);
         };
-        v.as_u64().and_then(|n| u32::try_from(n).ok()).map(Some).ok_or_else(|| ConfigError::InvalidKey {
-            key: self.path(key),
-            reason: format!("expected a non-negative integer up to {}, found {v}", u32::MAX),
-        })
+        v.as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .map(Some)
+            .ok_or_else(|| self.invalid(key, format!("expected a non-negative integer up to {}, found {v}", u32::MAX)))
+    }
+
+    /// The file's value of `key`, else (only when the key is absent, not null) the class default.
+    fn u32_opt(&self, key: &str) -> Result<Option<u32>, ConfigError> {
+        match self.u32_in_file(key)? {
+            Some(n) => Ok(Some(n)),
+            None if self.is_null(key) => Ok(None),
+            None => Ok(match self.info.default(key) {
+                Some(ClassDefault::Int(n)) => Some(n),
+                _ => None,
+            }),
+        }
     }
 
     fn u32_req(&self, key: &str) -> Result<u32, ConfigError> {
         self.u32_opt(key)?.ok_or_else(|| self.missing(key))
     }
 
+    fn nonzero_req(&self, key: &str) -> Result<u32, ConfigError> {
+        let value = self.u32_req(key)?;
+        self.nonzero(key, value)
+    }
+
     fn bool_opt(&self, key: &str) -> Result<Option<bool>, ConfigError> {
-        let Some(v) = self.get(key) else {
-            return Ok(None);
-        };
-        v.as_bool().map(Some).ok_or_else(|| ConfigError::InvalidKey {
-            key: self.path(key),
-            reason: format!("expected true or false, found {v}"),
-        })
+        match self.get(key) {
+            Some(v) => {
+                v.as_bool().map(Some).ok_or_else(|| self.invalid(key, format!("expected true or false, found {v}")))
+            }
+            None => Ok(match self.info.default(key) {
+                Some(ClassDefault::Bool(b)) => Some(b),
+                _ => None,
+            }),
+        }
     }
 
     fn missing(&self, key: &str) -> ConfigError {
@@ -94,53 +86,108 @@ impl Section<'_> {
 
     fn nonzero(&self, key: &str, value: u32) -> Result<u32, ConfigError> {
         if value == 0 {
-            return Err(ConfigError::InvalidKey { key: self.path(key), reason: "must be at least 1".into() });
+            return Err(self.invalid(key, "must be at least 1".into()));
         }
         Ok(value)
     }
+
+    /// `num_key_value_heads`, or (class default) `num_attention_heads`.
+    fn kv_heads(&self) -> Result<u32, ConfigError> {
+        match self.u32_opt("num_key_value_heads")? {
+            Some(n) => self.nonzero("num_key_value_heads", n),
+            None => self.nonzero_req("num_attention_heads"),
+        }
+    }
+
+    /// `head_dim`, or (class default) `hidden_size / num_attention_heads`, which must divide.
+    fn head_dim(&self) -> Result<u32, ConfigError> {
+        if let Some(d) = self.u32_opt("head_dim")? {
+            return self.nonzero("head_dim", d);
+        }
+        let hidden = self.u32_req("hidden_size")?;
+        let heads = self.nonzero_req("num_attention_heads")?;
+        if hidden % heads != 0 || hidden == 0 {
+            return Err(self.invalid(
+                "hidden_size",
+                format!(
+                    "head_dim is absent and hidden_size {hidden} is not a positive multiple of num_attention_heads {heads}"
+                ),
+            ));
+        }
+        Ok(hidden / heads)
+    }
+
+    /// Elements of a state, checked to fit the `u32` a layer stores.
+    fn state(&self, key: &str, elements: Option<u64>) -> Result<u32, ConfigError> {
+        elements.and_then(|n| u32::try_from(n).ok()).filter(|&n| n > 0).ok_or_else(|| {
+            self.invalid(key, "the recurrent state this gives is empty or larger than 2^32 elements".into())
+        })
+    }
 }
 
-/// The attention type of one layer before head sizes are attached.
+/// What one decoder layer stores, before head sizes are attached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Slot {
     Full,
     Sliding,
-    NoKv(NoKvReason),
+    Chunked,
+    /// Gated DeltaNet linear attention.
+    Linear,
+    /// Mamba (v1).
+    Mamba,
+    /// Falcon-H1: attention and Mamba2 side by side.
+    Hybrid,
 }
+
+/// Most layers a config may declare. The deepest published models have a few hundred; the parser works
+/// per layer, so an absurd count in a hostile file must be refused rather than iterated.
+const MAX_LAYERS: u32 = 65_536;
 
 impl ModelSpec {
     /// Reads the KV-cache layout from a Hugging Face `config.json` as published.
     ///
     /// The spec is named after the file's `model_type`; it has no parameter count.
     ///
-    /// The parser reads the keys the KV cache depends on, with the defaults of each family's Hugging Face
-    /// config class where a published file leaves a key out, and refuses everything else with a
-    /// [`ConfigError`] naming the key. Rules, per family (`i` is the 0-based layer index):
+    /// The parser reads the keys the KV cache depends on. Where a published file leaves a key out, it uses
+    /// the default of the family's `transformers` config class, as `transformers` and vLLM would (the table
+    /// [`hf_config_defaults_table`](crate::kv::hf_config_defaults_table) lists them); it refuses everything
+    /// else with a [`ConfigError`] naming the key. Rules (`i` is the 0-based layer index):
     ///
-    /// - **Text model**: when the file has a `text_config` object (multimodal Gemma 3/4, Qwen3.5), that
-    ///   object is the model; `vision_config` / `audio_config` are ignored. The family is the root's
+    /// - **Text model**: when the file has a `text_config` object (multimodal Gemma 3/4, Llama 4, Qwen3.5),
+    ///   that object is the model; `vision_config` / `audio_config` are ignored. The family is the root's
     ///   `model_type`, or else `text_config.model_type` (a `_text` suffix is accepted).
-    /// - **Head size**: `head_dim` when present and not null; otherwise 256 for Gemma 1/2/3 (their config
-    ///   classes' default); otherwise `hidden_size / num_attention_heads` (which must divide).
-    /// - **KV heads**: `num_key_value_heads`; when absent, `num_attention_heads` (multi-head attention, the
-    ///   documented fallback of the Llama-style config classes). Required for Gemma.
-    /// - **Layer types**: `layer_types` when present (`full_attention`, `sliding_attention`,
-    ///   `linear_attention`, `mamba`); otherwise Gemma 2 alternates (even `i` sliding), Gemma 3 makes every
-    ///   `sliding_window_pattern`-th layer global (default 6: `(i + 1) % 6 == 0`), gpt-oss alternates like
-    ///   Gemma 2, Qwen3-Next / Qwen3.5 make every `full_attention_interval`-th layer full attention (default 4)
-    ///   and the rest linear attention, Jamba puts attention at `i % attn_layer_period == attn_layer_offset`
-    ///   (defaults 8 and 4) and Mamba elsewhere, Qwen2/Qwen3 with `use_sliding_window: true` slide from layer
-    ///   `max_window_layers` on, and Mistral / Phi-3 apply `sliding_window` (when not null) to every layer.
+    /// - **Head size**: `head_dim`, else the class default (Gemma's 256, Qwen3's 128, ...), else
+    ///   `hidden_size / num_attention_heads` (which must divide). **KV heads**: `num_key_value_heads`, else
+    ///   the class default, else `num_attention_heads`.
+    /// - **Layer types**: `layer_types` when present (`full_attention`/`attention`, `sliding_attention`,
+    ///   `chunked_attention`, `linear_attention`, `mamba`, `hybrid`); otherwise Gemma 2 and gpt-oss alternate
+    ///   (even `i` sliding), Gemma 3 makes every `sliding_window_pattern`-th layer global (`(i + 1) % 6 ==
+    ///   0`), Gemma 4 too with the last layer always global, Qwen3-Next / Qwen3.5 make every
+    ///   `full_attention_interval`-th layer full attention and the rest Gated DeltaNet, Jamba puts attention
+    ///   at `i % attn_layer_period == attn_layer_offset` and Mamba elsewhere, Qwen2/Qwen3 with
+    ///   `use_sliding_window: true` slide from layer `max_window_layers` on, Mistral / Mixtral / Phi-3 / Llama
+    ///   apply `sliding_window` (when set) to every layer, Llama 4 uses chunked local attention on its RoPE
+    ///   layers (`no_rope_layers[i] == 1`; by default all but every `no_rope_layer_interval`-th) when
+    ///   `attention_chunk_size` is set, SmolLM3 slides on its NoPE layers only with `use_sliding_window` and
+    ///   a window, and every Falcon-H1 layer holds attention and Mamba2 side by side (so the spec has twice
+    ///   `num_hidden_layers` layers).
     /// - **Sliding disabled**: `use_sliding_window: false` turns every would-be sliding layer into full
-    ///   attention (Qwen2.5 publishes `sliding_window: 131072` with it switched off).
-    /// - **Window defaults** (key absent, not null): 4096 for Gemma 2, Gemma 3 and Mistral, 128 for gpt-oss.
-    /// - **Gemma 4**: full-attention layers use `global_head_dim` (default `head_dim`) and
-    ///   `num_global_key_value_heads` (absent or null: `num_key_value_heads`); `layer_types` is required;
-    ///   the last `num_kv_shared_layers` layers reuse earlier layers' caches and get none of their own. K and
-    ///   V are stored separately even with `attention_k_eq_v`, as vLLM does.
-    /// - **DeepSeek V2/V3 (MLA)**: every layer caches `kv_lora_rank + qk_rope_head_dim` elements per token;
-    ///   `num_key_value_heads` is ignored. The multi-token-prediction layer (`num_nextn_predict_layers`) is not
-    ///   counted: vLLM only allocates it with speculative decoding.
+    ///   attention (Qwen2.5 publishes `sliding_window: 131072` with it switched off); `sliding_window: null`
+    ///   means no window.
+    /// - **Gemma 4**: full-attention layers use `global_head_dim` and `num_global_key_value_heads` (absent
+    ///   or null: `num_key_value_heads`); the last `num_kv_shared_layers` layers reuse earlier layers' caches
+    ///   and get none of their own. K and V are stored separately even with `attention_k_eq_v`, as vLLM does.
+    /// - **MLA** (DeepSeek V2/V3, GLM-4.7-Flash's `glm4_moe_lite`): every layer caches `kv_lora_rank +
+    ///   qk_rope_head_dim` elements per token; `num_key_value_heads` is ignored. Multi-token-prediction
+    ///   layers (`num_nextn_predict_layers`) are not counted: vLLM allocates them only with speculative
+    ///   decoding.
+    /// - **Recurrent state** per layer and sequence (vLLM's `MambaStateShapeCalculator`,
+    ///   `model_executor/layers/mamba/mamba_utils.py`): Gated DeltaNet `(linear_conv_kernel_dim − 1) × (2 ×
+    ///   linear_num_key_heads × linear_key_head_dim + linear_num_value_heads × linear_value_head_dim) +
+    ///   linear_num_value_heads × linear_key_head_dim × linear_value_head_dim`; Jamba's Mamba `(mamba_d_conv
+    ///   − 1) × I + I × mamba_d_state` with `I = mamba_expand × hidden_size`; Falcon-H1's Mamba2
+    ///   `(mamba_d_conv − 1) × (D + 2 × mamba_n_groups × mamba_d_state) + mamba_n_heads × mamba_d_head ×
+    ///   mamba_d_state` with `D = mamba_d_ssm` (or `mamba_expand × hidden_size`).
     ///
     /// Every integer must be a non-negative JSON integer that fits in a `u32`; sizes that would overflow are
     /// refused by [`ModelSpecBuilder::build`](crate::kv::ModelSpecBuilder::build). The parser never panics.
@@ -149,7 +196,8 @@ impl ModelSpec {
     ///
     /// - [`ConfigError::InvalidJson`] when `json` is not a JSON object;
     /// - [`ConfigError::UnsupportedArchitecture`] for a `model_type` whose layout is not known;
-    /// - [`ConfigError::MissingKey`] naming the missing key (with its path, e.g. `text_config.num_hidden_layers`);
+    /// - [`ConfigError::MissingKey`] naming a missing key that has no class default (with its path, e.g.
+    ///   `text_config.sliding_window` for a layer typed sliding with no window);
     /// - [`ConfigError::InvalidKey`] for a value of the wrong type or range (e.g. a `layer_types` list whose
     ///   length differs from `num_hidden_layers`);
     /// - the errors of [`ModelSpecBuilder::build`](crate::kv::ModelSpecBuilder::build) for absurd sizes.
@@ -165,6 +213,12 @@ impl ModelSpec {
     /// assert_eq!(spec.sliding_layers(), 32);
     /// // Past the window a sequence holds 4096 tokens per layer: 32 layers x 4096 x 2 x 8 x 128 x 2 bytes.
     /// assert_eq!(spec.kv_bytes(10_000, KvDtype::Bf16), 32 * 4096 * 4096);
+    ///
+    /// // Gemma 3 4B publishes a text_config without heads or head size: Gemma3TextConfig's defaults
+    /// // (8 heads, 4 KV heads of 256) fill them in.
+    /// let gemma = r#"{ "model_type": "gemma3", "text_config": { "model_type": "gemma3_text",
+    ///                  "hidden_size": 2560, "num_hidden_layers": 34, "sliding_window": 1024 } }"#;
+    /// assert_eq!(ModelSpec::from_hf_config(gemma)?.groups(), ModelSpec::preset("gemma-3-4b")?.groups());
     /// # Ok::<(), kvgate::ConfigError>(())
     /// ```
     #[cfg_attr(docsrs, doc(cfg(feature = "hf-config")))]
@@ -185,9 +239,9 @@ impl ModelSpec {
                 return Err(ConfigError::MissingKey { key: "model_type".into(), model_type: "unknown".into() });
             }
         };
-        let sec = match root.get("text_config") {
-            Some(Value::Object(obj)) => Section { obj, prefix: "text_config.", model_type: top_type },
-            Some(Value::Null) | None => Section { obj: root, prefix: "", model_type: top_type },
+        let (obj, prefix) = match root.get("text_config") {
+            Some(Value::Object(obj)) => (obj, "text_config."),
+            Some(Value::Null) | None => (root, ""),
             Some(other) => {
                 return Err(ConfigError::InvalidKey {
                     key: "text_config".into(),
@@ -197,68 +251,40 @@ impl ModelSpec {
         };
         // The root's model_type decides; a wrapper the parser does not know (a vision-language model) may
         // still nest a known text model, named by `text_config.model_type`.
-        let inner_type = sec.obj.get("model_type").and_then(Value::as_str);
-        let family = [Some(top_type), inner_type]
+        let inner_type = obj.get("model_type").and_then(Value::as_str);
+        let info = [Some(top_type), inner_type]
             .into_iter()
             .flatten()
-            .find_map(family_of)
+            .find_map(FamilyInfo::of)
             .ok_or_else(|| ConfigError::UnsupportedArchitecture { model_type: top_type.to_owned() })?;
-        parse(&sec, family)
+        parse(&Section { obj, prefix, model_type: top_type, info })
     }
 }
 
-fn family_of(model_type: &str) -> Option<Family> {
-    let base = model_type.strip_suffix("_text").unwrap_or(model_type);
-    MODEL_TYPES.iter().find(|(name, _)| *name == base).map(|&(_, f)| f)
-}
-
-/// Most layers a config may declare. The deepest published models have a few hundred; the parser works
-/// per layer, so an absurd count in a hostile file must be refused rather than iterated.
-const MAX_LAYERS: u32 = 65_536;
-
-fn parse(sec: &Section<'_>, family: Family) -> Result<ModelSpec, ConfigError> {
-    let layers = sec.nonzero("num_hidden_layers", sec.u32_req("num_hidden_layers")?)?;
+fn parse(sec: &Section<'_>) -> Result<ModelSpec, ConfigError> {
+    let family = sec.info.family;
+    let layers = sec.nonzero_req("num_hidden_layers")?;
     if layers > MAX_LAYERS {
-        return Err(ConfigError::InvalidKey {
-            key: sec.path("num_hidden_layers"),
-            reason: format!("{layers} layers; at most {MAX_LAYERS} are supported"),
-        });
+        return Err(sec.invalid("num_hidden_layers", format!("{layers} layers; at most {MAX_LAYERS} are supported")));
     }
     let builder = ModelSpec::builder(sec.model_type);
 
-    if family == Family::DeepSeek {
+    if matches!(family, Family::DeepSeekV2 | Family::DeepSeekV3 | Family::Glm4MoeLite) {
         let rank = sec.u32_req("kv_lora_rank")?;
         let rope = sec.u32_req("qk_rope_head_dim")?;
-        let latent = rank.checked_add(rope).ok_or_else(|| ConfigError::InvalidKey {
-            key: sec.path("kv_lora_rank"),
-            reason: "kv_lora_rank + qk_rope_head_dim overflows".into(),
-        })?;
+        let latent = rank
+            .checked_add(rope)
+            .ok_or_else(|| sec.invalid("kv_lora_rank", "kv_lora_rank + qk_rope_head_dim overflows".into()))?;
         return builder.mla(layers, latent).build();
     }
 
-    let kv_heads = match (sec.u32_opt("num_key_value_heads")?, family) {
-        (Some(n), _) => sec.nonzero("num_key_value_heads", n)?,
-        (None, Family::Gemma | Family::Gemma2 | Family::Gemma3 | Family::Gemma4) => {
-            return Err(sec.missing("num_key_value_heads"));
-        }
-        (None, _) => sec.nonzero("num_attention_heads", sec.u32_req("num_attention_heads")?)?,
+    let kv_heads = sec.kv_heads()?;
+    let head_dim = sec.head_dim()?;
+    let window = match sec.u32_opt("sliding_window")? {
+        Some(w) => Some(sec.nonzero("sliding_window", w)?),
+        None => None,
     };
-    let head_dim = match (sec.u32_opt("head_dim")?, family) {
-        (Some(d), _) => sec.nonzero("head_dim", d)?,
-        (None, Family::Gemma | Family::Gemma2 | Family::Gemma3) => 256,
-        (None, _) => derived_head_dim(sec)?,
-    };
-
-    let window = match (sec.get("sliding_window"), family) {
-        (Some(_), _) => Some(sec.nonzero("sliding_window", sec.u32_req("sliding_window")?)?),
-        // Key present but null: no window.
-        (None, _) if sec.obj.contains_key("sliding_window") => None,
-        (None, Family::Gemma2 | Family::Gemma3 | Family::Mistral) => Some(4096),
-        (None, Family::GptOss) => Some(128),
-        (None, _) => None,
-    };
-    let sliding_enabled = sec.bool_opt("use_sliding_window")?.unwrap_or(!matches!(family, Family::Qwen2));
-
+    let sliding_enabled = sec.bool_opt("use_sliding_window")?.unwrap_or(true);
     let slots = layer_slots(sec, family, layers, window.is_some() && sliding_enabled)?;
 
     let (global_heads, global_dim) = if family == Family::Gemma4 {
@@ -276,16 +302,21 @@ fn parse(sec: &Section<'_>, family: Family) -> Result<ModelSpec, ConfigError> {
     };
     let shared = if family == Family::Gemma4 { sec.u32_opt("num_kv_shared_layers")?.unwrap_or(0) } else { 0 };
     if shared > layers {
-        return Err(ConfigError::InvalidKey {
-            key: sec.path("num_kv_shared_layers"),
-            reason: format!("{shared} shared-KV layers but only {layers} layers"),
-        });
+        return Err(sec.invalid("num_kv_shared_layers", format!("{shared} shared-KV layers but only {layers} layers")));
     }
+    let chunk = if family == Family::Llama4 {
+        match sec.u32_opt("attention_chunk_size")? {
+            Some(c) => Some(sec.nonzero("attention_chunk_size", c)?),
+            None => None,
+        }
+    } else {
+        None
+    };
 
     let full = LayerKind::Full { kv_heads: global_heads, k_head_dim: global_dim, v_head_dim: global_dim };
+    let mut state: Option<LayerKind> = None;
     let mut b = builder;
-    for (i, slot) in slots.enumerate() {
-        let slot = slot?;
+    for (i, slot) in slots.into_iter().enumerate() {
         let kind = if i >= (layers - shared) as usize {
             LayerKind::NoKv(NoKvReason::SharedKv)
         } else {
@@ -296,7 +327,22 @@ fn parse(sec: &Section<'_>, family: Family) -> Result<ModelSpec, ConfigError> {
                     Some(window) => LayerKind::Sliding { kv_heads, k_head_dim: head_dim, v_head_dim: head_dim, window },
                     None => return Err(sec.missing("sliding_window")),
                 },
-                Slot::NoKv(reason) => LayerKind::NoKv(reason),
+                Slot::Chunked => match chunk {
+                    Some(chunk) => {
+                        LayerKind::ChunkedLocal { kv_heads, k_head_dim: head_dim, v_head_dim: head_dim, chunk }
+                    }
+                    None => full,
+                },
+                Slot::Linear | Slot::Mamba | Slot::Hybrid => {
+                    let kind = match state {
+                        Some(kind) => kind,
+                        None => *state.insert(recurrent(sec, slot)?),
+                    };
+                    if slot == Slot::Hybrid {
+                        b = b.group(1, full);
+                    }
+                    kind
+                }
             }
         };
         b = b.group(1, kind);
@@ -304,89 +350,145 @@ fn parse(sec: &Section<'_>, family: Family) -> Result<ModelSpec, ConfigError> {
     b.build()
 }
 
-fn derived_head_dim(sec: &Section<'_>) -> Result<u32, ConfigError> {
-    let hidden = sec.u32_req("hidden_size")?;
-    let heads = sec.nonzero("num_attention_heads", sec.u32_req("num_attention_heads")?)?;
-    if hidden % heads != 0 || hidden == 0 {
-        return Err(ConfigError::InvalidKey {
-            key: sec.path("hidden_size"),
-            reason: format!(
-                "head_dim is absent and hidden_size {hidden} is not a positive multiple of num_attention_heads {heads}"
-            ),
-        });
-    }
-    Ok(hidden / heads)
+/// The recurrent layer of a family, its state sized from the config (formulas on `from_hf_config`).
+fn recurrent(sec: &Section<'_>, slot: Slot) -> Result<LayerKind, ConfigError> {
+    let get = |key: &str| sec.u32_req(key).map(u64::from);
+    let (kind, key, elements) = match slot {
+        Slot::Linear => {
+            let conv = get("linear_conv_kernel_dim")?;
+            let (dk, dv) = (get("linear_key_head_dim")?, get("linear_value_head_dim")?);
+            let (hk, hv) = (get("linear_num_key_heads")?, get("linear_num_value_heads")?);
+            let elements = (2 * hk * dk + hv * dv)
+                .checked_mul(conv.saturating_sub(1))
+                .and_then(|c| hv.checked_mul(dk).and_then(|s| s.checked_mul(dv)).and_then(|s| s.checked_add(c)));
+            (RecurrentKind::GatedDeltaNet, "linear_num_value_heads", elements)
+        }
+        Slot::Mamba => {
+            let intermediate = get("mamba_expand")? * get("hidden_size")?;
+            let elements = (get("mamba_d_conv")?.saturating_sub(1) + get("mamba_d_state")?).checked_mul(intermediate);
+            (RecurrentKind::Mamba, "mamba_d_state", elements)
+        }
+        _ => {
+            let d_ssm = match sec.u32_in_file("mamba_d_ssm")? {
+                Some(d) => u64::from(d),
+                None if sec.obj.contains_key("mamba_d_ssm") => get("mamba_expand")? * get("hidden_size")?,
+                None => get("mamba_d_ssm")?,
+            };
+            let heads = u64::from(sec.nonzero_req("mamba_n_heads")?);
+            let head = match sec.get("mamba_d_head") {
+                Some(Value::String(s)) if s == "auto" => d_ssm / heads,
+                _ => match sec.u32_in_file("mamba_d_head")? {
+                    Some(d) => u64::from(d),
+                    None => d_ssm / heads,
+                },
+            };
+            let (groups, d_state, conv) = (get("mamba_n_groups")?, get("mamba_d_state")?, get("mamba_d_conv")?);
+            let elements = (d_ssm + 2 * groups * d_state).checked_mul(conv.saturating_sub(1)).and_then(|c| {
+                heads.checked_mul(head).and_then(|s| s.checked_mul(d_state)).and_then(|s| s.checked_add(c))
+            });
+            (RecurrentKind::Mamba2, "mamba_d_state", elements)
+        }
+    };
+    Ok(LayerKind::Recurrent { kind, state_elements: sec.state(key, elements)? })
 }
 
-/// The attention type of each layer, in order; an unknown entry of `layer_types` is an error item.
-fn layer_slots<'a>(
-    sec: &'a Section<'a>,
-    family: Family,
-    layers: u32,
-    sliding: bool,
-) -> Result<Box<dyn Iterator<Item = Result<Slot, ConfigError>> + 'a>, ConfigError> {
-    if let Some(types) = sec.get("layer_types") {
-        let list = types.as_array().ok_or_else(|| ConfigError::InvalidKey {
-            key: sec.path("layer_types"),
-            reason: format!("expected a list of strings, found {types}"),
-        })?;
-        if list.len() != layers as usize {
-            return Err(ConfigError::InvalidKey {
-                key: sec.path("layer_types"),
-                reason: format!("has {} entries but num_hidden_layers is {layers}", list.len()),
-            });
+/// What each decoder layer stores, in order.
+fn layer_slots(sec: &Section<'_>, family: Family, layers: u32, sliding: bool) -> Result<Vec<Slot>, ConfigError> {
+    let n = layers as usize;
+    if let Some(types) = sec.get("layer_types").or_else(|| sec.get("layers_block_type")) {
+        let key = if sec.get("layer_types").is_some() { "layer_types" } else { "layers_block_type" };
+        let list =
+            types.as_array().ok_or_else(|| sec.invalid(key, format!("expected a list of strings, found {types}")))?;
+        if list.len() != n {
+            return Err(sec.invalid(key, format!("has {} entries but num_hidden_layers is {layers}", list.len())));
         }
-        return Ok(Box::new(list.iter().map(move |t| match t.as_str() {
-            Some("full_attention" | "attention") => Ok(Slot::Full),
-            Some("sliding_attention") => Ok(Slot::Sliding),
-            Some("linear_attention") => Ok(Slot::NoKv(NoKvReason::LinearAttention)),
-            Some("mamba") => Ok(Slot::NoKv(NoKvReason::Mamba)),
-            _ => Err(ConfigError::InvalidKey {
-                key: sec.path("layer_types"),
-                reason: format!(
-                    "unsupported layer type {t}; known: full_attention, sliding_attention, linear_attention, mamba"
-                ),
-            }),
-        })));
+        return list
+            .iter()
+            .map(|t| match t.as_str() {
+                Some("full_attention" | "attention") => Ok(Slot::Full),
+                Some("sliding_attention") => Ok(Slot::Sliding),
+                Some("chunked_attention") => Ok(Slot::Chunked),
+                Some("linear_attention") => Ok(Slot::Linear),
+                Some("mamba") if family == Family::FalconH1 => Ok(Slot::Hybrid),
+                Some("mamba") => Ok(Slot::Mamba),
+                Some("hybrid") => Ok(Slot::Hybrid),
+                _ => Err(sec.invalid(
+                    key,
+                    format!(
+                        "unsupported layer type {t}; known: full_attention, sliding_attention, chunked_attention, \
+                         linear_attention, mamba, hybrid"
+                    ),
+                )),
+            })
+            .collect();
     }
-    let all = move |slot: Slot| -> Box<dyn Iterator<Item = _>> { Box::new((0..layers).map(move |_| Ok(slot))) };
     let uniform = if sliding { Slot::Sliding } else { Slot::Full };
+    let each = |f: &dyn Fn(u32) -> Slot| (0..layers).map(f).collect::<Vec<_>>();
     Ok(match family {
-        Family::Gemma2 | Family::GptOss => {
-            Box::new((0..layers).map(move |i| Ok(if i % 2 == 0 { uniform } else { Slot::Full })))
-        }
+        Family::Gemma2 | Family::GptOss => each(&|i| if i % 2 == 0 { uniform } else { Slot::Full }),
         Family::Gemma3 => {
-            let pattern = sec.nonzero("sliding_window_pattern", sec.u32_opt("sliding_window_pattern")?.unwrap_or(6))?;
-            Box::new((0..layers).map(move |i| Ok(if (i + 1) % pattern == 0 { Slot::Full } else { uniform })))
+            let pattern = sec.nonzero_req("sliding_window_pattern")?;
+            each(&|i| if (i + 1) % pattern == 0 { Slot::Full } else { uniform })
         }
-        Family::Qwen3Next => {
-            let every = sec.nonzero("full_attention_interval", sec.u32_opt("full_attention_interval")?.unwrap_or(4))?;
-            Box::new((0..layers).map(move |i| {
-                Ok(if (i + 1) % every == 0 { Slot::Full } else { Slot::NoKv(NoKvReason::LinearAttention) })
-            }))
+        Family::Gemma4 => each(&|i| if (i + 1) % 6 == 0 || i + 1 == layers { Slot::Full } else { uniform }),
+        Family::Qwen3Next | Family::Qwen3_5 | Family::Qwen3_5Moe => {
+            let every = sec.nonzero_req("full_attention_interval")?;
+            each(&|i| if (i + 1) % every == 0 { Slot::Full } else { Slot::Linear })
         }
         Family::Jamba => {
-            let period = sec.nonzero("attn_layer_period", sec.u32_opt("attn_layer_period")?.unwrap_or(8))?;
-            let offset = sec.u32_opt("attn_layer_offset")?.unwrap_or(4);
+            let period = sec.nonzero_req("attn_layer_period")?;
+            let offset = sec.u32_req("attn_layer_offset")?;
             if offset >= period {
-                return Err(ConfigError::InvalidKey {
-                    key: sec.path("attn_layer_offset"),
-                    reason: format!("{offset} is not below attn_layer_period {period}"),
-                });
+                return Err(
+                    sec.invalid("attn_layer_offset", format!("{offset} is not below attn_layer_period {period}"))
+                );
             }
-            Box::new(
-                (0..layers)
-                    .map(move |i| Ok(if i % period == offset { uniform } else { Slot::NoKv(NoKvReason::Mamba) })),
-            )
+            each(&|i| if i % period == offset { uniform } else { Slot::Mamba })
         }
-        Family::Qwen2 => {
+        Family::Qwen2 | Family::Qwen2Moe | Family::Qwen3 | Family::Qwen3Moe => {
             let from = sec.u32_opt("max_window_layers")?.unwrap_or(0);
-            Box::new((0..layers).map(move |i| Ok(if i >= from { uniform } else { Slot::Full })))
+            each(&|i| if i >= from { uniform } else { Slot::Full })
         }
-        Family::Mistral | Family::Phi3 | Family::Llama => all(uniform),
-        // Gemma 4's layout is only trusted from its published `layer_types`.
-        Family::Gemma4 => return Err(sec.missing("layer_types")),
-        Family::Gemma | Family::DeepSeek => all(Slot::Full),
+        Family::Llama4 | Family::SmolLm3 => {
+            // no_rope_layers[i] == 1: the layer uses RoPE; 0: NoPE.
+            let rope = match sec.get("no_rope_layers") {
+                Some(Value::Array(list)) if !list.is_empty() => {
+                    if list.len() < n {
+                        return Err(sec.invalid(
+                            "no_rope_layers",
+                            format!("has {} entries but num_hidden_layers is {layers}", list.len()),
+                        ));
+                    }
+                    list.iter()
+                        .take(n)
+                        .map(|v| match v.as_u64() {
+                            Some(0) => Ok(false),
+                            Some(1) => Ok(true),
+                            _ => Err(sec.invalid("no_rope_layers", format!("expected 0 or 1, found {v}"))),
+                        })
+                        .collect::<Result<Vec<_>, _>>()?
+                }
+                Some(Value::Array(_)) | None => {
+                    let interval = sec.nonzero_req("no_rope_layer_interval")?;
+                    (0..layers).map(|i| (i + 1) % interval != 0).collect()
+                }
+                Some(other) => {
+                    return Err(sec.invalid("no_rope_layers", format!("expected a list of 0 and 1, found {other}")));
+                }
+            };
+            rope.into_iter()
+                .map(|rope| match (family, rope) {
+                    (Family::Llama4, true) => Slot::Chunked,
+                    (Family::SmolLm3, false) => uniform,
+                    _ => Slot::Full,
+                })
+                .collect()
+        }
+        Family::FalconH1 => each(&|_| Slot::Hybrid),
+        Family::Mistral | Family::Mixtral | Family::Phi3 | Family::Llama => each(&|_| uniform),
+        Family::Gemma | Family::Glm4Moe | Family::DeepSeekV2 | Family::DeepSeekV3 | Family::Glm4MoeLite => {
+            each(&|_| Slot::Full)
+        }
     })
 }
 
@@ -404,10 +506,10 @@ mod tests {
         assert!(matches!(err("{"), ConfigError::InvalidJson(_)));
         assert_eq!(err("{}"), ConfigError::MissingKey { key: "model_type".into(), model_type: "unknown".into() });
         assert!(matches!(err(r#"{"model_type":"bert"}"#), ConfigError::UnsupportedArchitecture { .. }));
-        assert_eq!(
-            err(r#"{"model_type":"gemma3","text_config":{"num_key_value_heads":8}}"#),
-            ConfigError::MissingKey { key: "text_config.num_hidden_layers".into(), model_type: "gemma3".into() }
-        );
+        assert!(matches!(
+            err(r#"{"model_type":"gemma3","text_config":{"num_hidden_layers":"x"}}"#),
+            ConfigError::InvalidKey { key, .. } if key == "text_config.num_hidden_layers"
+        ));
         assert!(matches!(
             err(r#"{"model_type":"llama","num_hidden_layers":2,"num_attention_heads":3,"hidden_size":100}"#),
             ConfigError::InvalidKey { key, .. } if key == "hidden_size"
@@ -420,6 +522,11 @@ mod tests {
             err(r#"{"model_type":"gpt_oss","num_hidden_layers":2,"num_key_value_heads":1,"head_dim":4,"layer_types":["full_attention"]}"#),
             ConfigError::InvalidKey { key, .. } if key == "layer_types"
         ));
+        // A layer typed sliding in a family without a default window.
+        assert_eq!(
+            err(r#"{"model_type":"llama","num_hidden_layers":1,"layer_types":["sliding_attention"]}"#),
+            ConfigError::MissingKey { key: "sliding_window".into(), model_type: "llama".into() }
+        );
     }
 
     #[test]
@@ -431,11 +538,14 @@ mod tests {
     }
 
     #[test]
-    fn jamba_period_and_offset() {
+    fn jamba_period_offset_and_mamba_state() {
         let json = r#"{"model_type":"jamba","num_hidden_layers":32,"num_attention_heads":32,"num_key_value_heads":8,
                        "hidden_size":4096,"attn_layer_period":8,"attn_layer_offset":4}"#;
         let spec = ModelSpec::from_hf_config(json).unwrap();
-        assert_eq!((spec.full_layers(), spec.no_kv_layers()), (4, 28));
+        assert_eq!((spec.full_layers(), spec.recurrent_layers()), (4, 28));
+        // Mamba state: I = 2 x 4096 = 8192; (4 − 1) x 8192 + 8192 x 16 = 155,648 elements.
+        let state = spec.groups().iter().map(|g| g.kind().state_elements()).max();
+        assert_eq!(state, Some(155_648));
     }
 
     #[test]
@@ -444,5 +554,24 @@ mod tests {
                        "hidden_size":3584,"sliding_window":4096,"use_sliding_window":true,"max_window_layers":21}"#;
         let spec = ModelSpec::from_hf_config(json).unwrap();
         assert_eq!((spec.full_layers(), spec.sliding_layers()), (21, 7));
+    }
+
+    #[test]
+    fn every_family_parses_from_its_model_type_alone() {
+        // With nothing but model_type, the class defaults describe a whole model.
+        for info in super::super::hf_defaults::FAMILIES {
+            if info.family == Family::Glm4Moe {
+                // Glm4MoeConfig's defaults (hidden 4096, 96 heads) give no whole head size; every published GLM
+                // config carries head_dim, and without it the parser says so.
+                let err = ModelSpec::from_hf_config(r#"{"model_type":"glm4_moe"}"#).unwrap_err();
+                assert!(matches!(err, ConfigError::InvalidKey { key, .. } if key == "hidden_size"));
+                continue;
+            }
+            for model_type in info.model_types {
+                let spec = ModelSpec::from_hf_config(&format!(r#"{{"model_type":"{model_type}"}}"#))
+                    .unwrap_or_else(|e| panic!("{model_type}: {e}"));
+                assert!(spec.num_layers() > 0, "{model_type}");
+            }
+        }
     }
 }

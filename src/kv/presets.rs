@@ -1,6 +1,6 @@
 //! Named [`ModelSpec`]s for models people deploy, built from the values in their published `config.json`.
 
-use super::{LayerKind, ModelSpec, NoKvReason};
+use super::{LayerKind, ModelSpec, RecurrentKind};
 use crate::ConfigError;
 
 /// One preset: name, parameter count, active parameter count of a mixture-of-experts model (`None`: dense,
@@ -46,7 +46,9 @@ const fn sliding(kv_heads: u32, head_dim: u32, window: u32) -> LayerKind {
     LayerKind::Sliding { kv_heads, k_head_dim: head_dim, v_head_dim: head_dim, window }
 }
 
-const LINEAR: LayerKind = LayerKind::NoKv(NoKvReason::LinearAttention);
+/// Qwen3-Next's Gated DeltaNet state: convolution `(4 − 1) × (2 × 16 × 128 + 32 × 128)` = 24,576 plus
+/// recurrent `32 × 128 × 128` = 524,288 elements (`linear_*` keys of its config.json).
+const QWEN3_NEXT_GDN: LayerKind = LayerKind::Recurrent { kind: RecurrentKind::GatedDeltaNet, state_elements: 548_864 };
 
 /// Presets, in the order [`ModelSpec::preset_names`] lists them.
 ///
@@ -70,7 +72,7 @@ const PRESETS: &[Preset] = &[
     ("qwen3-32b", 32_762_123_264, None, &[(64, full(8, 128))]),
     ("qwen3-30b-a3b", 30_532_122_624, Some(active::QWEN3_30B_A3B), &[(48, full(4, 128))]),
     // Qwen3-Next: every 4th layer full attention (2 KV heads of 256), the rest linear attention.
-    ("qwen3-next-80b-a3b", 81_324_711_680, Some(active::QWEN3_NEXT_80B_A3B), &[(36, LINEAR), (12, full(2, 256))]),
+    ("qwen3-next-80b-a3b", 81_324_711_680, Some(active::QWEN3_NEXT_80B_A3B), &[(36, QWEN3_NEXT_GDN), (12, full(2, 256))]),
     // Gemma 2: alternating sliding (4096) and global layers.
     ("gemma-2-9b", 9_241_705_984, None, &[(21, sliding(8, 256, 4096)), (21, full(8, 256))]),
     ("gemma-2-27b", 27_227_128_320, None, &[(23, sliding(16, 128, 4096)), (23, full(16, 128))]),

@@ -1,165 +1,7 @@
 //! [`ModelSpec`]: the KV-relevant shape of a model, and the byte counts derived from it.
 
-use std::fmt;
-
-use super::KvDtype;
+use super::{Engine, KvDtype, KvLayout, LayerGroup, LayerKind, NoKvReason, RecurrentKind};
 use crate::ConfigError;
-
-/// Why a layer holds no KV cache of its own.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum NoKvReason {
-    /// Linear attention (Qwen3-Next's Gated DeltaNet): a fixed-size recurrent state, no per-token cache.
-    LinearAttention,
-    /// A Mamba / state-space layer (Jamba): a fixed-size state, no per-token cache.
-    Mamba,
-    /// The layer reads the KV cache of an earlier layer (Gemma's `num_kv_shared_layers`); vLLM gives it
-    /// no cache of its own.
-    SharedKv,
-}
-
-/// How one layer stores its KV cache.
-///
-/// Per token, a full or sliding layer stores `kv_heads * (k_head_dim + v_head_dim)` elements (a K and a V
-/// vector per KV head); an MLA layer stores `latent_dim` elements (one compressed latent shared by all heads,
-/// no factor of 2).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum LayerKind {
-    /// Full (global) attention: holds every token of the sequence.
-    Full {
-        /// Key/value heads stored per token (after grouped-query sharing).
-        kv_heads: u32,
-        /// Elements of one key head.
-        k_head_dim: u32,
-        /// Elements of one value head.
-        v_head_dim: u32,
-    },
-    /// Sliding-window attention: holds at most the last `window` tokens.
-    Sliding {
-        /// Key/value heads stored per token.
-        kv_heads: u32,
-        /// Elements of one key head.
-        k_head_dim: u32,
-        /// Elements of one value head.
-        v_head_dim: u32,
-        /// Tokens the layer attends to (and keeps).
-        window: u32,
-    },
-    /// Multi-head latent attention (DeepSeek-V2/V3): one latent of `latent_dim` elements per token,
-    /// `kv_lora_rank + qk_rope_head_dim`.
-    Mla {
-        /// Elements stored per token.
-        latent_dim: u32,
-    },
-    /// A layer with no KV cache of its own.
-    NoKv(NoKvReason),
-}
-
-impl LayerKind {
-    /// `(kv_heads, k_head_dim, v_head_dim)` of a full or sliding layer; `None` for MLA and no-cache layers.
-    #[must_use]
-    pub const fn attention_dims(&self) -> Option<(u32, u32, u32)> {
-        match *self {
-            LayerKind::Full { kv_heads, k_head_dim, v_head_dim }
-            | LayerKind::Sliding { kv_heads, k_head_dim, v_head_dim, .. } => Some((kv_heads, k_head_dim, v_head_dim)),
-            LayerKind::Mla { .. } | LayerKind::NoKv(_) => None,
-        }
-    }
-
-    /// Elements one token occupies in one layer of this kind (0 for [`LayerKind::NoKv`]), saturating at
-    /// `u64::MAX`.
-    #[must_use]
-    pub const fn elements_per_token(&self) -> u64 {
-        match (self.attention_dims(), *self) {
-            (Some((heads, k, v)), _) => (heads as u64).saturating_mul(k as u64 + v as u64),
-            (None, LayerKind::Mla { latent_dim }) => latent_dim as u64,
-            (None, _) => 0,
-        }
-    }
-
-    /// Tokens one layer of this kind holds for a sequence of `tokens` tokens: `min(tokens, window)` for a
-    /// sliding layer, `tokens` for full and MLA layers, 0 for layers without a cache.
-    #[must_use]
-    pub const fn tokens_held(&self, tokens: u64) -> u64 {
-        match *self {
-            LayerKind::Sliding { window, .. } => {
-                if tokens < window as u64 {
-                    tokens
-                } else {
-                    window as u64
-                }
-            }
-            LayerKind::Full { .. } | LayerKind::Mla { .. } => tokens,
-            LayerKind::NoKv(_) => 0,
-        }
-    }
-
-    /// The same layer treated as full attention (what the naive estimate assumes): a sliding layer loses its
-    /// window; other kinds are unchanged.
-    #[must_use]
-    pub const fn as_full(&self) -> LayerKind {
-        match *self {
-            LayerKind::Sliding { kv_heads, k_head_dim, v_head_dim, .. } => {
-                LayerKind::Full { kv_heads, k_head_dim, v_head_dim }
-            }
-            other => other,
-        }
-    }
-
-    fn validate(&self) -> Result<(), ConfigError> {
-        let zero = |what| Err(ConfigError::Zero { what });
-        if let Some((heads, k, v)) = self.attention_dims() {
-            match (heads, k, v) {
-                (0, _, _) => return zero("kv_heads"),
-                (_, 0, _) => return zero("k_head_dim"),
-                (_, _, 0) => return zero("v_head_dim"),
-                _ => {}
-            }
-        }
-        match *self {
-            LayerKind::Sliding { window: 0, .. } => zero("sliding window"),
-            LayerKind::Mla { latent_dim: 0 } => zero("MLA latent_dim"),
-            _ => Ok(()),
-        }
-    }
-}
-
-impl fmt::Display for LayerKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match *self {
-            LayerKind::Full { kv_heads, k_head_dim, v_head_dim } => {
-                write!(f, "full attention, {kv_heads} KV heads x (K {k_head_dim} + V {v_head_dim})")
-            }
-            LayerKind::Sliding { kv_heads, k_head_dim, v_head_dim, window } => {
-                write!(f, "sliding window {window}, {kv_heads} KV heads x (K {k_head_dim} + V {v_head_dim})")
-            }
-            LayerKind::Mla { latent_dim } => write!(f, "MLA latent, {latent_dim} per token"),
-            LayerKind::NoKv(reason) => write!(f, "no KV cache ({reason:?})"),
-        }
-    }
-}
-
-/// A run of `layers` layers of one [`LayerKind`] (not necessarily adjacent in the model).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct LayerGroup {
-    kind: LayerKind,
-    layers: u32,
-}
-
-impl LayerGroup {
-    /// How these layers store their cache.
-    #[must_use]
-    pub const fn kind(&self) -> LayerKind {
-        self.kind
-    }
-
-    /// How many layers of the model are of this kind.
-    #[must_use]
-    pub const fn layers(&self) -> u32 {
-        self.layers
-    }
-}
 
 /// The KV-cache-relevant shape of a model: its layers grouped by how they store their cache.
 ///
@@ -234,7 +76,19 @@ impl ModelSpec {
         self.count(|k| matches!(k, LayerKind::Mla { .. }))
     }
 
-    /// Layers that hold no KV cache of their own.
+    /// Layers of chunked local attention.
+    #[must_use]
+    pub fn chunked_layers(&self) -> u32 {
+        self.count(|k| matches!(k, LayerKind::ChunkedLocal { .. }))
+    }
+
+    /// Layers with a recurrent state (Mamba, Gated DeltaNet) instead of a per-token cache.
+    #[must_use]
+    pub fn recurrent_layers(&self) -> u32 {
+        self.count(|k| matches!(k, LayerKind::Recurrent { .. }))
+    }
+
+    /// Layers that hold nothing of their own (they read another layer's cache).
     #[must_use]
     pub fn no_kv_layers(&self) -> u32 {
         self.count(|k| matches!(k, LayerKind::NoKv(_)))
@@ -329,11 +183,72 @@ impl ModelSpec {
         self.sum(dtype, |kind| kind.as_full().tokens_held(tokens))
     }
 
+    /// How `engine` lays out this model's cache with `dtype` and a requested `block_size` (vLLM's
+    /// `--block-size`; 0 counts as 1; llama.cpp ignores it): groups, block sizes, the bytes of a block id.
+    /// Build it once to price many sequences without allocating.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::Conflict`] when vLLM could not lay the model out: its page sizes cannot be unified
+    /// (the largest is not a multiple of a smaller one; vLLM raises `NotImplementedError`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use kvgate::kv::{Engine, KvDtype, ModelSpec};
+    ///
+    /// // Qwen3-Next: Gated DeltaNet state pages of 1,097,728 bytes raise the attention block to 544 tokens.
+    /// let layout = ModelSpec::preset("qwen3-next-80b-a3b")?.kv_layout(KvDtype::Bf16, 16, Engine::Vllm)?;
+    /// assert_eq!(layout.block_size(), 544);
+    /// # Ok::<(), kvgate::ConfigError>(())
+    /// ```
+    pub fn kv_layout(&self, dtype: KvDtype, block_size: u32, engine: Engine) -> Result<KvLayout, ConfigError> {
+        KvLayout::new(self, dtype, block_size, engine)
+    }
+
+    /// Bytes one sequence of `tokens` tokens holds at steady decode under `engine`'s allocator, with a cache
+    /// of `dtype` in blocks of `block_size` tokens: [`KvLayout::sequence_bytes`] of
+    /// [`kv_layout`](Self::kv_layout). Unlike [`kv_bytes_paged`](Self::kv_bytes_paged) this follows every
+    /// rule of the engine — layer groups and their padding, page-size unification, sliding blocks freed only
+    /// when wholly outside the window, recurrent state as whole pages — listed in the [module
+    /// docs](crate::kv#vllms-v1-allocator-rule-by-rule).
+    ///
+    /// Builds the layout on each call; keep a [`KvLayout`] (or a [`GpuPlan`](crate::kv::GpuPlan)) to price
+    /// many sequences. `u64::MAX` (never fits) when the engine cannot lay the model out. Saturates at
+    /// `u64::MAX`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use kvgate::kv::{Engine, KvDtype, ModelSpec};
+    ///
+    /// let gemma = ModelSpec::preset("gemma-3-27b")?;
+    /// // 10 full + 52 sliding layers in groups of 10 (the last sliding group padded): 3.19 GB, not 3.12.
+    /// assert_eq!(gemma.sequence_bytes(32_768, KvDtype::Bf16, 16, Engine::Vllm), 3_187_671_040);
+    /// assert_eq!(gemma.kv_bytes_paged(32_768, KvDtype::Bf16, 16), 3_120_562_176);
+    /// // With the hybrid manager off every layer keeps every token.
+    /// assert_eq!(gemma.sequence_bytes(32_768, KvDtype::Bf16, 16, Engine::VllmUniform), 62 * 32_768 * 8192);
+    /// # Ok::<(), kvgate::ConfigError>(())
+    /// ```
+    #[must_use]
+    pub fn sequence_bytes(&self, tokens: u64, dtype: KvDtype, block_size: u32, engine: Engine) -> u64 {
+        self.kv_layout(dtype, block_size, engine).map_or(u64::MAX, |layout| layout.sequence_bytes(tokens))
+    }
+
+    /// The most bytes one sequence holds at steady decode while it grows to `tokens` tokens under `engine`
+    /// ([`KvLayout::max_sequence_bytes`]): what an admission reserves. Monotone in `tokens`; at least
+    /// [`sequence_bytes`](Self::sequence_bytes) at every length up to `tokens`. `u64::MAX` when the engine
+    /// cannot lay the model out.
+    #[must_use]
+    pub fn max_sequence_bytes(&self, tokens: u64, dtype: KvDtype, block_size: u32, engine: Engine) -> u64 {
+        self.kv_layout(dtype, block_size, engine).map_or(u64::MAX, |layout| layout.max_sequence_bytes(tokens))
+    }
+
     /// Bytes each token adds while the sequence is shorter than every window: the sum over all layers that
     /// hold a cache. This is `kv_bytes(1, dtype)`, and the naive estimate's bytes per token.
     #[must_use]
     pub fn bytes_per_token(&self, dtype: KvDtype) -> u64 {
-        self.sum(dtype, |kind| if matches!(kind, LayerKind::NoKv(_)) { 0 } else { 1 })
+        self.sum(dtype, |_| 1)
     }
 
     /// Bytes each token adds once the sequence is longer than every window: the sum over full-attention
@@ -351,11 +266,11 @@ impl ModelSpec {
         self.bytes_per_token(dtype).saturating_mul(u64::from(block_size.max(1)))
     }
 
-    /// Sum over groups of `layers * tokens(kind) * elements_per_token(kind) * dtype bytes`, saturating.
+    /// Sum over groups of `layers * tokens(kind) * bytes_per_token(kind)`, saturating.
     #[inline]
     fn sum(&self, dtype: KvDtype, tokens: impl Fn(&LayerKind) -> u64) -> u64 {
         self.groups.iter().fold(0u64, |acc, g| {
-            let per_layer = g.kind.elements_per_token().saturating_mul(dtype.bytes());
+            let per_layer = g.kind.bytes_per_token(dtype);
             let bytes = per_layer.saturating_mul(u64::from(g.layers)).saturating_mul(tokens(&g.kind));
             acc.saturating_add(bytes)
         })
@@ -363,7 +278,9 @@ impl ModelSpec {
 
     /// The share of this model one GPU holds under tensor parallelism of degree `tp`: KV heads of full and
     /// sliding layers are split across the GPUs (`kv_heads / tp` each; one head each, replicated, when `tp` is
-    /// a multiple of `kv_heads`); an MLA latent is replicated on every GPU. These are vLLM's rules.
+    /// a multiple of `kv_heads`); an MLA latent is replicated on every GPU; a recurrent state is split
+    /// across the GPUs (`state / tp`, rounded up). These are vLLM's rules (it shards a Mamba layer's heads and
+    /// convolution channels; group replication when `tp` exceeds a Mamba2 layer's groups is not modelled).
     ///
     /// # Errors
     ///
@@ -389,7 +306,13 @@ impl ModelSpec {
         let mut shard = self.clone();
         for group in &mut shard.groups {
             let heads = match &mut group.kind {
-                LayerKind::Full { kv_heads, .. } | LayerKind::Sliding { kv_heads, .. } => kv_heads,
+                LayerKind::Full { kv_heads, .. }
+                | LayerKind::Sliding { kv_heads, .. }
+                | LayerKind::ChunkedLocal { kv_heads, .. } => kv_heads,
+                LayerKind::Recurrent { state_elements, .. } => {
+                    *state_elements = state_elements.div_ceil(tp);
+                    continue;
+                }
                 LayerKind::Mla { .. } | LayerKind::NoKv(_) => continue,
             };
             if *heads % tp == 0 {
@@ -443,13 +366,25 @@ impl ModelSpecBuilder {
         self.group(layers, LayerKind::Sliding { kv_heads, k_head_dim: head_dim, v_head_dim: head_dim, window })
     }
 
+    /// Adds `layers` chunked-local-attention layers (Llama 4) with chunks of `chunk` tokens.
+    #[must_use]
+    pub fn chunked_local(self, layers: u32, kv_heads: u32, head_dim: u32, chunk: u32) -> Self {
+        self.group(layers, LayerKind::ChunkedLocal { kv_heads, k_head_dim: head_dim, v_head_dim: head_dim, chunk })
+    }
+
+    /// Adds `layers` recurrent layers, each holding a state of `state_elements` elements per sequence.
+    #[must_use]
+    pub fn recurrent(self, layers: u32, kind: RecurrentKind, state_elements: u32) -> Self {
+        self.group(layers, LayerKind::Recurrent { kind, state_elements })
+    }
+
     /// Adds `layers` MLA layers storing `latent_dim` elements per token (`kv_lora_rank + qk_rope_head_dim`).
     #[must_use]
     pub fn mla(self, layers: u32, latent_dim: u32) -> Self {
         self.group(layers, LayerKind::Mla { latent_dim })
     }
 
-    /// Adds `layers` layers without a KV cache of their own.
+    /// Adds `layers` layers that hold nothing of their own.
     #[must_use]
     pub fn no_kv(self, layers: u32, reason: NoKvReason) -> Self {
         self.group(layers, LayerKind::NoKv(reason))
@@ -474,11 +409,11 @@ impl ModelSpecBuilder {
     ///
     /// # Errors
     ///
-    /// [`ConfigError::Zero`] when the spec has no layer holding a KV cache, or a group has zero layers,
-    /// heads, head size or window; [`ConfigError::Conflict`] when the active parameters exceed the
+    /// [`ConfigError::Zero`] when the spec has no layer holding a KV cache or a state, or a group has zero
+    /// layers, heads, head size, window, chunk or state; [`ConfigError::Conflict`] when the active parameters exceed the
     /// parameters; [`ConfigError::OutOfRange`] when one token's bytes across all layers at
-    /// 4 bytes per element would not fit in a `u64` (absurd sizes are refused here, so that byte counts only
-    /// saturate for absurd token counts).
+    /// 4 bytes per element (or one sequence's states at 4 bytes per element) would not fit in a `u64`
+    /// (absurd sizes are refused here, so that byte counts only saturate for absurd token counts).
     ///
     /// # Examples
     ///
@@ -488,26 +423,28 @@ impl ModelSpecBuilder {
     /// ```
     pub fn build(self) -> Result<ModelSpec, ConfigError> {
         let mut per_token: u64 = 0;
+        let mut state: u64 = 0;
+        let too_big = || ConfigError::OutOfRange {
+            what: "model size",
+            reason: format!(
+                "{}: one token's KV bytes (or one sequence's state) across all layers overflow u64; check heads, \
+                 head sizes, state sizes and layers",
+                self.name
+            ),
+        };
         for g in &self.groups {
             if g.layers == 0 {
                 return Err(ConfigError::Zero { what: "layers in a group" });
             }
             g.kind.validate()?;
             // A saturated element count (u64::MAX) fails the first multiplication, so overflow is caught.
-            let bytes = g
-                .kind
-                .elements_per_token()
-                .checked_mul(KvDtype::F32.bytes())
-                .and_then(|b| b.checked_mul(u64::from(g.layers)));
-            per_token = bytes.and_then(|b| per_token.checked_add(b)).ok_or_else(|| ConfigError::OutOfRange {
-                what: "model size",
-                reason: format!(
-                    "{}: one token's KV bytes across all layers overflow u64; check heads, head sizes and layers",
-                    self.name
-                ),
-            })?;
+            let layers = u64::from(g.layers);
+            let bytes = g.kind.elements_per_token().checked_mul(4).and_then(|b| b.checked_mul(layers));
+            per_token = bytes.and_then(|b| per_token.checked_add(b)).ok_or_else(too_big)?;
+            let states = g.kind.state_elements().checked_mul(4).and_then(|b| b.checked_mul(layers));
+            state = states.and_then(|b| state.checked_add(b)).ok_or_else(too_big)?;
         }
-        if per_token == 0 {
+        if per_token == 0 && state == 0 {
             return Err(ConfigError::Zero { what: "layers holding a KV cache" });
         }
         if let (Some(total), Some(active)) = (self.params, self.active_params) {
@@ -532,7 +469,7 @@ mod tests {
             .sliding(5, 8, 64, 128)
             .full(1, 8, 64)
             .sliding(5, 8, 64, 128)
-            .no_kv(2, NoKvReason::Mamba)
+            .no_kv(2, NoKvReason::SharedKv)
             .build()
             .unwrap();
         assert_eq!(spec.groups().len(), 3);
@@ -548,7 +485,12 @@ mod tests {
         assert_eq!(spec.kv_bytes(u64::MAX, KvDtype::F32), u64::MAX);
         assert_eq!(spec.kv_bytes_paged(u64::MAX, KvDtype::Fp8, 16), u64::MAX);
         assert_eq!(spec.kv_bytes_paged(10, KvDtype::Fp8, 0), 20);
-        assert!(matches!(ModelSpec::builder("x").no_kv(3, NoKvReason::Mamba).build(), Err(ConfigError::Zero { .. })));
+        assert!(matches!(
+            ModelSpec::builder("x").no_kv(3, NoKvReason::SharedKv).build(),
+            Err(ConfigError::Zero { .. })
+        ));
+        // A state-only model (pure Mamba) is accepted: it holds a state per sequence.
+        assert!(ModelSpec::builder("x").recurrent(3, RecurrentKind::Mamba, 100).build().is_ok());
     }
 
     #[test]
