@@ -49,7 +49,7 @@ pub struct AdmissionBuilder<C: Clock = MonotonicClock> {
     queue_capacity: usize,
     kv_capacity: Option<u64>,
     kv_capacity_bytes: Option<u64>,
-    kv_cost: KvCost,
+    kv_cost: Result<KvCost, ConfigError>,
     reservation: Reservation,
     request_rate: Option<(f64, u32)>,
     token_rate: Option<(f64, u64)>,
@@ -67,7 +67,7 @@ impl Default for AdmissionBuilder<MonotonicClock> {
             queue_capacity: DEFAULT_QUEUE_CAPACITY,
             kv_capacity: None,
             kv_capacity_bytes: None,
-            kv_cost: KvCost::Tokens,
+            kv_cost: Ok(KvCost::Tokens),
             reservation: Reservation::Full,
             request_rate: None,
             token_rate: None,
@@ -205,11 +205,14 @@ impl<C: Clock> AdmissionBuilder<C> {
         }
     }
 
-    /// Prices every request in KV-cache bytes instead of tokens: a request reserves
-    /// `spec.kv_bytes_paged(prompt_tokens + max_new_tokens, dtype, block_size)` — what the engine really
-    /// allocates for it, window-aware for sliding-window layers. Needs a byte budget:
-    /// [`kv_capacity_bytes`](AdmissionBuilder::kv_capacity_bytes) or
-    /// [`gpu_plan`](AdmissionBuilder::gpu_plan).
+    /// Prices every request in KV-cache bytes instead of tokens: a request reserves the most bytes a
+    /// sequence of `prompt_tokens + max_new_tokens` tokens holds in vLLM's KV cache while it grows
+    /// ([`KvLayout::max_sequence_bytes`](crate::kv::KvLayout::max_sequence_bytes) under
+    /// [`Engine::Vllm`](crate::kv::Engine::Vllm): layer groups, padding, sliding windows, recurrent state —
+    /// exactly what the engine allocates). Needs a byte budget:
+    /// [`kv_capacity_bytes`](AdmissionBuilder::kv_capacity_bytes), or use
+    /// [`gpu_plan`](AdmissionBuilder::gpu_plan) / [`kv_layout`](AdmissionBuilder::kv_layout) for another
+    /// engine.
     ///
     /// This is what lets a sliding-window model (Gemma 2/3, gpt-oss) admit several times more
     /// concurrent long conversations than counting every token in every layer would.
@@ -217,7 +220,7 @@ impl<C: Clock> AdmissionBuilder<C> {
     /// # Examples
     ///
     /// ```
-    /// use kvgate::kv::{KvDtype, ModelSpec};
+    /// use kvgate::kv::{Engine, KvDtype, ModelSpec};
     /// use kvgate::{Admission, Request};
     ///
     /// let gemma = ModelSpec::preset("gemma-3-27b")?;
@@ -226,11 +229,21 @@ impl<C: Clock> AdmissionBuilder<C> {
     ///     .kv_capacity_bytes(20_000_000_000) // 20 GB of KV pool
     ///     .build()?;
     /// let permit = admission.try_admit(&Request::new(30_000, 2_768)).unwrap();
-    /// assert_eq!(permit.kv_reserved(), gemma.kv_bytes_paged(32_768, KvDtype::Bf16, 16));
+    /// assert_eq!(permit.kv_reserved(), gemma.max_sequence_bytes(32_768, KvDtype::Bf16, 16, Engine::Vllm));
     /// # Ok::<(), kvgate::ConfigError>(())
     /// ```
-    pub fn kv_model(mut self, spec: ModelSpec, dtype: KvDtype, block_size: u32) -> Self {
-        self.kv_cost = KvCost::Bytes { spec: Arc::new(spec), dtype, block_size: block_size.max(1) };
+    pub fn kv_model(self, spec: ModelSpec, dtype: KvDtype, block_size: u32) -> Self {
+        match spec.kv_layout(dtype, block_size.max(1), crate::kv::Engine::Vllm) {
+            Ok(layout) => self.kv_layout(layout),
+            Err(error) => Self { kv_cost: Err(error), ..self },
+        }
+    }
+
+    /// Prices every request in bytes under an explicit engine layout (vLLM with or without its hybrid
+    /// manager, llama.cpp slots): see [`ModelSpec::kv_layout`]. Needs a byte budget, as
+    /// [`kv_model`](AdmissionBuilder::kv_model) does.
+    pub fn kv_layout(mut self, layout: crate::kv::KvLayout) -> Self {
+        self.kv_cost = Ok(KvCost::Bytes { layout: Arc::new(layout), gpus: 1 });
         self
     }
 
@@ -247,21 +260,27 @@ impl<C: Clock> AdmissionBuilder<C> {
         self
     }
 
-    /// Takes the KV model, dtype, block size and byte budget (the KV pool) from a GPU capacity plan.
+    /// Takes the KV pricing and the byte budget from a GPU capacity plan: each request is priced by the
+    /// plan's engine layout ([`GpuPlan::max_sequence_bytes`]), and the budget is what that engine can
+    /// hand out ([`GpuPlan::kv_budget_bytes`]: usable blocks × block bytes, across the tensor-parallel
+    /// group), so the admission admits exactly the sequences the engine can hold.
     ///
     /// # Examples
     ///
     /// ```
     /// use kvgate::kv::{GpuPlan, ModelSpec};
-    /// use kvgate::Admission;
+    /// use kvgate::{Admission, Request};
     ///
     /// let plan = GpuPlan::builder(ModelSpec::preset("llama-3.1-8b")?).gpu("h100-80").build()?;
     /// let admission = Admission::builder().gpu_plan(&plan).max_in_flight(256).build()?;
-    /// assert_eq!(admission.snapshot().kv_capacity, plan.kv_pool_bytes());
+    /// assert_eq!(admission.snapshot().kv_capacity, plan.kv_budget_bytes());
+    /// assert_eq!(admission.kv_cost(&Request::new(30_000, 2_768)), plan.max_sequence_bytes(32_768));
     /// # Ok::<(), kvgate::ConfigError>(())
     /// ```
-    pub fn gpu_plan(self, plan: &GpuPlan) -> Self {
-        self.kv_model(plan.model().clone(), plan.kv_dtype(), plan.block_size()).kv_capacity_bytes(plan.kv_pool_bytes())
+    pub fn gpu_plan(mut self, plan: &GpuPlan) -> Self {
+        self.kv_cost =
+            Ok(KvCost::Bytes { layout: Arc::new(plan.layout().clone()), gpus: u64::from(plan.tensor_parallel()) });
+        self.kv_capacity_bytes(plan.kv_budget_bytes())
     }
 
     /// Checks the configuration and builds the admission.
@@ -277,7 +296,8 @@ impl<C: Clock> AdmissionBuilder<C> {
             Some(n) => n as u64,
             None => u64::MAX,
         };
-        let kv_capacity = match (&self.kv_cost, self.kv_capacity, self.kv_capacity_bytes) {
+        let kv_cost = self.kv_cost?;
+        let kv_capacity = match (&kv_cost, self.kv_capacity, self.kv_capacity_bytes) {
             (KvCost::Tokens, Some(_), Some(_)) | (KvCost::Bytes { .. }, Some(_), _) => {
                 return Err(ConfigError::Conflict(
                     "the KV budget is set both in tokens and in bytes; with a KV model use kv_capacity_bytes \
@@ -341,7 +361,7 @@ impl<C: Clock> AdmissionBuilder<C> {
                     self.deadline_timer,
                 ),
                 clock: self.clock,
-                kv_cost: self.kv_cost,
+                kv_cost,
                 reservation: ReservationState::new(self.reservation),
                 rates,
                 max_queue_wait: self.max_queue_wait.map(crate::clock::duration_to_nanos),

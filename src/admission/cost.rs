@@ -1,6 +1,6 @@
-//! What a request costs in the KV budget: tokens, or the bytes a paged KV cache holds for it.
+//! What a request costs in the KV budget: tokens, or the bytes the engine's KV-cache manager holds for it.
 
-use crate::kv::{KvDtype, ModelSpec};
+use crate::kv::KvLayout;
 use std::sync::Arc;
 
 /// How a request's KV reservation is computed.
@@ -8,8 +8,10 @@ use std::sync::Arc;
 pub(crate) enum KvCost {
     /// `prompt_tokens + max_new_tokens` tokens.
     Tokens,
-    /// The bytes a sequence of `prompt_tokens + max_new_tokens` tokens holds in a paged KV cache.
-    Bytes { spec: Arc<ModelSpec>, dtype: KvDtype, block_size: u32 },
+    /// The most bytes a sequence of `prompt_tokens + max_new_tokens` tokens holds while it grows, under
+    /// the engine's allocator ([`KvLayout::max_sequence_bytes`]), times the GPUs of a tensor-parallel
+    /// group (each holds its share of every request).
+    Bytes { layout: Arc<KvLayout>, gpus: u64 },
 }
 
 impl KvCost {
@@ -17,7 +19,7 @@ impl KvCost {
     pub(crate) fn units(&self, total_tokens: u64) -> u64 {
         match self {
             KvCost::Tokens => total_tokens,
-            KvCost::Bytes { spec, dtype, block_size } => spec.kv_bytes_paged(total_tokens, *dtype, *block_size),
+            KvCost::Bytes { layout, gpus } => layout.max_sequence_bytes(total_tokens).saturating_mul(*gpus),
         }
     }
 }
