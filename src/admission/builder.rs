@@ -56,6 +56,7 @@ pub struct AdmissionBuilder<C: Clock = MonotonicClock> {
     max_queue_wait: Option<Duration>,
     deadline_timer: bool,
     expected_hold: Duration,
+    max_prefixes: Option<usize>,
     tenants: Option<TenantConfig>,
     clock: C,
 }
@@ -74,6 +75,7 @@ impl Default for AdmissionBuilder<MonotonicClock> {
             max_queue_wait: None,
             deadline_timer: true,
             expected_hold: DEFAULT_EXPECTED_HOLD_TIME,
+            max_prefixes: None,
             tenants: None,
             clock: MonotonicClock::new(),
         }
@@ -149,6 +151,19 @@ impl<C: Clock> AdmissionBuilder<C> {
         self
     }
 
+    /// Charges a shared prompt prefix once: a request that names its prefix
+    /// ([`Request::prefix`](crate::Request::prefix)) reserves only what it adds beyond the prefix while
+    /// another permit holds the same prefix, as an engine with prefix caching (vLLM, SGLang) stores it once.
+    /// The prefix's reservation is returned with the last permit holding it. At most `max_prefixes`
+    /// prefixes are tracked at once (a request whose prefix finds the table full is charged in full), so
+    /// invented ids cannot grow memory. A tenant's KV share counts what its requests hold beyond shared
+    /// prefixes. Off by default; a request naming a prefix then takes the waiting room's lock (the table
+    /// lives there).
+    pub fn prefix_sharing(mut self, max_prefixes: usize) -> Self {
+        self.max_prefixes = Some(max_prefixes);
+        self
+    }
+
     fn tenant_config(&mut self) -> &mut TenantConfig {
         self.tenants.get_or_insert_with(TenantConfig::new)
     }
@@ -200,6 +215,7 @@ impl<C: Clock> AdmissionBuilder<C> {
             max_queue_wait: self.max_queue_wait,
             deadline_timer: self.deadline_timer,
             expected_hold: self.expected_hold,
+            max_prefixes: self.max_prefixes,
             tenants: self.tenants,
             clock,
         }
@@ -347,6 +363,9 @@ impl<C: Clock> AdmissionBuilder<C> {
         if self.expected_hold.is_zero() {
             return Err(ConfigError::Zero { what: "expected_hold_time" });
         }
+        if self.max_prefixes == Some(0) {
+            return Err(ConfigError::Zero { what: "prefix_sharing's max_prefixes" });
+        }
         let tenants = match self.tenants {
             Some(config) => Some(TenantRegistry::new(config, self.expected_hold, self.clock.clone())?),
             None => None,
@@ -359,12 +378,14 @@ impl<C: Clock> AdmissionBuilder<C> {
                     self.queue_capacity,
                     self.expected_hold,
                     self.deadline_timer,
+                    self.max_prefixes.unwrap_or(0),
                 ),
                 clock: self.clock,
                 kv_cost,
                 reservation: ReservationState::new(self.reservation),
                 rates,
                 max_queue_wait: self.max_queue_wait.map(crate::clock::duration_to_nanos),
+                prefix_sharing: self.max_prefixes.is_some(),
                 tenants,
             }),
         })

@@ -1,5 +1,6 @@
 //! What a request costs in the KV budget: tokens, or the bytes the engine's KV-cache manager holds for it.
 
+use super::prefix::{PrefixId, Split};
 use crate::kv::KvLayout;
 use std::sync::Arc;
 
@@ -20,6 +21,21 @@ impl KvCost {
         match self {
             KvCost::Tokens => total_tokens,
             KvCost::Bytes { layout, gpus } => layout.max_sequence_bytes(total_tokens).saturating_mul(*gpus),
+        }
+    }
+}
+
+impl KvCost {
+    /// The cost of a request of `total_tokens` (prompt and reserved output) split around a prefix of
+    /// `prefix_tokens` (at most the prompt): the prefix's whole blocks once, and what the request adds.
+    pub(crate) fn split(&self, id: PrefixId, total_tokens: u64, prefix_tokens: u64) -> Split {
+        match self {
+            KvCost::Tokens => Split { id, prefix: prefix_tokens, suffix: total_tokens - prefix_tokens },
+            KvCost::Bytes { layout, gpus } => Split {
+                id,
+                prefix: layout.prefix_bytes(prefix_tokens).saturating_mul(*gpus),
+                suffix: layout.max_suffix_bytes(total_tokens, prefix_tokens).saturating_mul(*gpus),
+            },
         }
     }
 }

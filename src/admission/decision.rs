@@ -22,9 +22,10 @@
 use super::capacity::{Credit, Shortage};
 use super::core::Core;
 use super::cost::KvCost;
-use super::dispatcher::{Enqueued, NewWaiter};
+use super::dispatcher::{Enqueued, Held, NewWaiter};
 use super::owner::{Attempt, Owner, Ticket, WaitSpec};
 use super::permit::Permit;
+use super::prefix::Split;
 use super::rates::{Charge, Charges, RateRefusal, Rates};
 use super::rejection::{Limit, Rejection};
 use super::request::Request;
@@ -53,6 +54,8 @@ pub(crate) struct Shared<C: Clock> {
     pub(crate) rates: Rates<C>,
     /// Default longest queue wait in clock nanoseconds.
     pub(crate) max_queue_wait: Option<u64>,
+    /// Whether requests naming a prefix share its KV (`prefix_sharing`).
+    pub(crate) prefix_sharing: bool,
     pub(crate) tenants: Option<TenantRegistry<C>>,
 }
 
@@ -63,9 +66,18 @@ impl<C: Clock> Shared<C> {
         self.kv_cost.units(self.reservation.tokens(request))
     }
 
-    /// Step 1, global part: what no amount of waiting changes. Returns the request's KV units.
+    /// The request's cost split around its shared prefix, when prefix sharing is on and it named one.
     #[inline]
-    fn validate(&self, request: &Request) -> Result<u64, Rejection> {
+    fn split(&self, request: &Request) -> Option<Split> {
+        let prefix = request.prefix.filter(|p| self.prefix_sharing && p.tokens > 0)?;
+        let tokens = u64::from(prefix.tokens.min(request.prompt_tokens));
+        Some(self.kv_cost.split(prefix.id, self.reservation.tokens(request), tokens))
+    }
+
+    /// Step 1, global part: what no amount of waiting changes. Returns the request's KV units (its whole
+    /// cost, prefix included) and its split around a shared prefix.
+    #[inline]
+    fn validate(&self, request: &Request) -> Result<(u64, Option<Split>), Rejection> {
         let total = request.total_tokens();
         if total == 0 {
             return Err(Rejection::Invalid { reason: "the request asks for zero tokens (prompt and output both 0)" });
@@ -73,7 +85,8 @@ impl<C: Clock> Shared<C> {
         if self.core.is_closed() {
             return Err(Rejection::Closed);
         }
-        let kv = self.kv_cost(request);
+        let split = self.split(request);
+        let kv = split.map_or_else(|| self.kv_cost(request), |s| s.whole());
         let budget = self.core.kv_limit();
         if kv > budget {
             return Err(Rejection::TooLarge { limit: Limit::KvBudget, requested: kv, capacity: budget });
@@ -83,7 +96,7 @@ impl<C: Clock> Shared<C> {
                 return Err(Rejection::TooLarge { limit: Limit::TokenRate, requested: total, capacity: burst });
             }
         }
-        Ok(kv)
+        Ok((kv, split))
     }
 
     /// The one decision (see the module docs).
@@ -96,8 +109,8 @@ impl<C: Clock> Shared<C> {
         request: &Request,
         wait: Option<WaitSpec>,
     ) -> Attempt {
-        let kv = match self.validate(request) {
-            Ok(kv) => kv,
+        let (kv, split) = match self.validate(request) {
+            Ok(valid) => valid,
             Err(rejection) => return Attempt::Refused(rejection),
         };
         let class = request.priority.index();
@@ -116,19 +129,28 @@ impl<C: Clock> Shared<C> {
             _ => None,
         };
         let core = &self.core;
-        // Step 2: global capacity.
-        if let Err(shortage) = core.try_take(kv, class) {
-            return match (shortage, wait) {
-                (Shortage::Closed, _) => Attempt::Refused(Rejection::Closed),
-                (_, Some(wait)) => self.queue(this, request, kv, tenant, wait, HeldBy::Server),
-                (_, None) => Attempt::Refused(self.refusal(HeldBy::Server, class, tenant.as_deref())),
-            };
-        }
-        // Step 3: the tenant's own capacity.
+        // Step 2: global capacity (a request sharing a prefix takes the waiting room's lock, where the
+        // prefix table lives).
+        let taken = match &split {
+            Some(split) => core.dispatcher.take_shared(core.resources(), split, class),
+            None => core.try_take(kv, class).map(|()| Held { kv, prefix: None, saved: 0 }),
+        };
+        let held = match taken {
+            Ok(held) => held,
+            Err(shortage) => {
+                return match (shortage, wait) {
+                    (Shortage::Closed, _) => Attempt::Refused(Rejection::Closed),
+                    (_, Some(wait)) => self.queue(this, request, (kv, split), tenant, wait, HeldBy::Server),
+                    (_, None) => Attempt::Refused(self.refusal(HeldBy::Server, class, tenant.as_deref())),
+                };
+            }
+        };
+        // Step 3: the tenant's own capacity (its own units: a shared prefix is counted once, globally).
         if let Some(t) = &tenant {
             let tc = t.core();
-            if let Err(refused) = tc.capacity.try_take(tc.kv_units(kv), tc.kv_limit(core.kv_limit()), class) {
-                core.release(kv, None);
+            let own = held.kv;
+            if let Err(refused) = tc.capacity.try_take(tc.kv_units(own), tc.kv_limit(core.kv_limit()), class) {
+                core.release_held(held, None);
                 if refused.dispatch {
                     core.dispatcher.dispatch(
                         core.resources(),
@@ -137,7 +159,7 @@ impl<C: Clock> Shared<C> {
                     );
                 }
                 return match wait {
-                    Some(wait) => self.queue(this, request, kv, tenant, wait, HeldBy::Tenant),
+                    Some(wait) => self.queue(this, request, (kv, split), tenant, wait, HeldBy::Tenant),
                     None => Attempt::Refused(self.refusal(HeldBy::Tenant, class, tenant.as_deref())),
                 };
             }
@@ -151,11 +173,12 @@ impl<C: Clock> Shared<C> {
                     // are parked, so that they hold back nobody behind them.
                     core.dispatcher.dispatch(core.resources(), None, Credit::default());
                 }
+                core.stats.count_prefix_saved(held.saved);
                 let tenant = tenant.map(|t| t as Arc<dyn TenantHandle>);
-                Attempt::Granted(Permit::granted(this(), request, kv, charges, tenant, now))
+                Attempt::Granted(Permit::granted(this(), request, held, charges, tenant, now))
             }
             Err(rejection) => {
-                core.release(kv, tenant.as_deref().map(|t| t as &dyn TenantHandle));
+                core.release_held(held, tenant.as_deref().map(|t| t as &dyn TenantHandle));
                 Attempt::Refused(rejection)
             }
         }
@@ -220,7 +243,7 @@ impl<C: Clock> Shared<C> {
         &self,
         this: &impl Fn() -> Arc<dyn Owner>,
         request: &Request,
-        kv: u64,
+        (kv, split): (u64, Option<Split>),
         tenant: Option<Arc<TenantState<C>>>,
         wait: WaitSpec,
         held_by: HeldBy,
@@ -253,16 +276,22 @@ impl<C: Clock> Shared<C> {
             self.refund(charges, tenant.as_deref());
             return Attempt::Refused(Rejection::TimedOut);
         }
-        let new =
-            NewWaiter { class: request.priority.index(), kv, deadline, tenant: tenant.clone(), notify: wait.notify };
+        let new = NewWaiter {
+            class: request.priority.index(),
+            kv,
+            split,
+            deadline,
+            tenant: tenant.clone(),
+            notify: wait.notify,
+        };
         match self.core.dispatcher.enqueue(self.core.resources(), new) {
-            Ok(Enqueued::Granted) => {
+            Ok(Enqueued::Granted(held)) => {
                 let now = self.clock.now_nanos();
-                Attempt::Granted(Permit::granted(this(), request, kv, charges, tenant, now))
+                Attempt::Granted(Permit::granted(this(), request, held, charges, tenant, now))
             }
-            Ok(Enqueued::Waiting { key, deadline_added }) => Attempt::Queued(Ticket {
+            Ok(Enqueued::Waiting { key, deadline_added, held }) => Attempt::Queued(Ticket {
                 key,
-                kv,
+                held,
                 charges,
                 tenant,
                 deadline,

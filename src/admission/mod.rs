@@ -17,6 +17,8 @@
 //! | `dispatcher/` | the waiting room: fair queues, waiter states, wake-ups after the lock, deadlines |
 //! | `tenant/` | tenant ids, limits, state and the bounded registry |
 //! | `reservation.rs`, `cost.rs` | how much KV a request reserves, in tokens or bytes |
+//! | `prefix.rs` | shared prompt prefixes charged once while held, in a bounded table |
+//! | `hasher.rs` | the one-multiply hasher of the waiting room's maps |
 //! | `rates.rs` | request and token buckets charged together, and what each was charged |
 //! | `owner.rs` | the type-erased admission that permits and waiters hold (breaks the import cycle) |
 //! | `permit.rs`, `admit.rs` | the RAII grant; the waiting future and the blocking wait |
@@ -42,8 +44,10 @@ mod cost;
 mod decision;
 mod dispatcher;
 mod handle;
+mod hasher;
 mod owner;
 mod permit;
+mod prefix;
 mod rates;
 mod rejection;
 mod request;
@@ -56,6 +60,7 @@ pub use admit::Admit;
 pub use builder::{AdmissionBuilder, DEFAULT_EXPECTED_HOLD_TIME, DEFAULT_QUEUE_CAPACITY};
 pub use handle::Admission;
 pub use permit::Permit;
+pub use prefix::{Prefix, PrefixId};
 pub use rates::{RateLimitStatus, RateStatus};
 pub use rejection::{Limit, Rejection};
 pub use request::{Priority, Request};

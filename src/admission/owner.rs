@@ -5,7 +5,7 @@
 //! this file is what keeps the import graph acyclic.
 
 use super::core::Core;
-use super::dispatcher::{Notify, WaiterKey};
+use super::dispatcher::{Held, Notify, WaiterKey};
 use super::permit::Permit;
 use super::rates::Charges;
 use super::rejection::Rejection;
@@ -27,7 +27,8 @@ pub(crate) struct WaitSpec {
 #[derive(Debug)]
 pub(crate) struct Ticket {
     pub(crate) key: WaiterKey,
-    pub(crate) kv: u64,
+    /// What it holds once granted: its own KV units and its share of a prefix.
+    pub(crate) held: Held,
     pub(crate) charges: Charges,
     pub(crate) tenant: Option<Arc<dyn TenantHandle>>,
     pub(crate) deadline: u64,

@@ -75,6 +75,8 @@ pub(crate) struct Stats {
     admitted: [CachePadded<AtomicU64>; STRIPES],
     rejected: CachePadded<[AtomicU64; Reason::COUNT]>,
     waker_panics: AtomicU64,
+    /// KV units requests did not reserve because their shared prefix was held already.
+    prefix_saved: AtomicU64,
     pub(crate) hold: HoldTime,
 }
 
@@ -84,6 +86,7 @@ impl Stats {
             admitted: std::array::from_fn(|_| CachePadded(AtomicU64::new(0))),
             rejected: CachePadded(std::array::from_fn(|_| AtomicU64::new(0))),
             waker_panics: AtomicU64::new(0),
+            prefix_saved: AtomicU64::new(0),
             hold: HoldTime::new(expected_hold),
         }
     }
@@ -109,6 +112,17 @@ impl Stats {
 
     pub(crate) fn count_waker_panic(&self) {
         self.waker_panics.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts KV units a granted request did not reserve thanks to a shared prefix.
+    pub(crate) fn count_prefix_saved(&self, units: u64) {
+        if units != 0 {
+            self.prefix_saved.fetch_add(units, Ordering::Relaxed);
+        }
+    }
+
+    pub(crate) fn prefix_saved(&self) -> u64 {
+        self.prefix_saved.load(Ordering::Relaxed)
     }
 
     pub(crate) fn waker_panics(&self) -> u64 {

@@ -18,29 +18,11 @@
 //! Only the holder of the waiting room's lock touches a `FairQueue`.
 
 use super::waiter::Slab;
+use crate::admission::hasher::KeyHasher;
 use crate::admission::tenant::{FlowKey, TenantHandle};
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
+use std::hash::BuildHasherDefault;
 use std::sync::Arc;
-
-/// Flow keys are already hashes (or small ids): one multiply spreads them, no SipHash on the
-/// dispatcher's path.
-#[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct KeyHasher(u64);
-
-impl Hasher for KeyHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &byte in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(byte)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        }
-    }
-    fn write_u64(&mut self, key: u64) {
-        self.0 = (self.0 ^ key).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-}
 
 /// One tenant's (or the anonymous) waiters in one class.
 #[derive(Debug)]

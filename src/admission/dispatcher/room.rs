@@ -29,7 +29,8 @@ use super::timer::Deadlines;
 use super::waiter::{Notify, Slab, WaitState, Waiter, WaiterKey};
 use super::wake_list::WakeList;
 use crate::Priority;
-use crate::admission::capacity::{Capacity, Credit, Limit as KvLimit};
+use crate::admission::capacity::{Capacity, Credit, Limit as KvLimit, Shortage};
+use crate::admission::prefix::{PrefixId, PrefixTable, Sharing, Split};
 use crate::admission::stats::{Stats, capacity_hint};
 use crate::admission::tenant::{FlowKey, TenantHandle};
 use crate::admission::{Limit, Rejection};
@@ -49,7 +50,10 @@ pub(crate) struct Resources<'a> {
 #[derive(Debug)]
 pub(crate) struct NewWaiter {
     pub(crate) class: usize,
+    /// KV units it reserves (its whole cost; with a shared prefix, see `split`).
     pub(crate) kv: u64,
+    /// Its cost around a shared prefix, when prefix sharing is on and it named one.
+    pub(crate) split: Option<Split>,
     pub(crate) deadline: u64,
     pub(crate) tenant: Option<Arc<dyn TenantHandle>>,
     pub(crate) notify: Notify,
@@ -60,9 +64,18 @@ pub(crate) struct NewWaiter {
 pub(crate) enum Enqueued {
     /// Queued; its owner polls with this key. `earliest_deadline` says the deadline it registered is
     /// now the earliest (the caller wakes the timer thread).
-    Waiting { key: WaiterKey, deadline_added: Option<bool> },
+    Waiting { key: WaiterKey, deadline_added: Option<bool>, held: Held },
     /// Granted by the enqueue's own pass: capacity is reserved, the entry is gone.
-    Granted,
+    Granted(Held),
+}
+
+/// What a granted request holds itself: its own KV units, and the shared prefix it holds a share of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Held {
+    pub(crate) kv: u64,
+    pub(crate) prefix: Option<PrefixId>,
+    /// KV units it did not have to take because its prefix was held already (counted once it is granted).
+    pub(crate) saved: u64,
 }
 
 /// How a wait ended.
@@ -75,6 +88,7 @@ pub(crate) enum Outcome {
 #[derive(Debug)]
 struct Room {
     waiters: Slab,
+    prefixes: PrefixTable,
     classes: [FairQueue; Priority::COUNT],
     /// Mirror of the global capacity's `HELD_BACK` bits (written only under this lock), so that the hot
     /// capacity word is written only when a bit really changes.
@@ -93,10 +107,11 @@ pub(crate) struct Dispatcher {
 }
 
 impl Dispatcher {
-    pub(crate) fn new(queue_capacity: usize) -> Self {
+    pub(crate) fn new(queue_capacity: usize, max_prefixes: usize) -> Self {
         Self {
             room: Mutex::new(Room {
                 waiters: Slab::default(),
+                prefixes: PrefixTable::new(max_prefixes),
                 classes: std::array::from_fn(|_| FairQueue::default()),
                 held_back: [false; Priority::COUNT],
                 deadlines: Deadlines::default(),
@@ -143,7 +158,14 @@ impl Dispatcher {
             return Err(Rejection::QueueFull { retry_after: hint });
         }
         fits(res, new.kv, new.tenant.as_deref())?;
-        let key = room.waiters.insert(Waiter::new(class, new.kv, new.deadline, new.notify));
+        let held = match new.split.map(|split| (room.prefixes.wait(&split), split)) {
+            Some((Sharing::Shared(id), split)) => Held { kv: split.suffix, prefix: Some(id), saved: 0 },
+            Some((Sharing::Alone, split)) => Held { kv: split.whole(), prefix: None, saved: 0 },
+            None => Held { kv: new.kv, prefix: None, saved: 0 },
+        };
+        let mut waiter = Waiter::new(class, held.kv, new.deadline, new.notify);
+        waiter.prefix = held.prefix;
+        let key = room.waiters.insert(waiter);
         let flow_key = new.tenant.as_ref().map_or(FlowKey::Anonymous, |t| t.core().flow);
         let Room { waiters, classes, .. } = &mut *room;
         if classes[class].push(waiters, key.index(), flow_key, new.tenant.as_ref()) {
@@ -160,7 +182,7 @@ impl Dispatcher {
         let granted = key.granted();
         drop(room);
         self.wake(res, &mut wakes);
-        Ok(if granted { Enqueued::Granted } else { Enqueued::Waiting { key, deadline_added } })
+        Ok(if granted { Enqueued::Granted(held) } else { Enqueued::Waiting { key, deadline_added, held } })
     }
 
     /// Looks at a waiter for its owner: `None` while it waits (after registering `waker`), or how its
@@ -203,7 +225,7 @@ impl Dispatcher {
         &self,
         res: Resources<'_>,
         key: WaiterKey,
-        kv: u64,
+        held: Held,
         tenant: Option<&Arc<dyn TenantHandle>>,
     ) -> bool {
         let mut wakes = WakeList::new();
@@ -211,8 +233,11 @@ impl Dispatcher {
         let granted = key.granted();
         let mut credit = Credit::default();
         if granted {
-            // Granted but never collected: the reservation is handed to the next waiters.
-            credit = Credit { slots: 1, kv };
+            // Granted but never collected: the reservation (and its share of a prefix, if it was the last
+            // holder) is handed to the next waiters.
+            let prefix = held.prefix.map_or(0, |id| room.prefixes.release(id));
+            credit = Credit { slots: 1, kv: held.kv + prefix };
+            let kv = held.kv;
             if let Some(tenant) = tenant {
                 let core = tenant.core();
                 if core.capacity.release(core.kv_units(kv)) {
@@ -235,6 +260,60 @@ impl Dispatcher {
         drop(room);
         self.wake(res, &mut wakes);
         granted
+    }
+
+    /// Takes capacity for a new request of `class` whose cost is split around a shared prefix: its suffix,
+    /// plus the prefix when nobody holds it (or its whole cost when the table is full). Under the lock,
+    /// where the prefix table lives.
+    pub(crate) fn take_shared(&self, res: Resources<'_>, split: &Split, class: usize) -> Result<Held, Shortage> {
+        let mut wakes = WakeList::new();
+        let mut room = sync::lock(&self.room);
+        let (need, sharing) = room.prefixes.need(split);
+        let taken = res.capacity.try_take(need, res.kv_limit.get(), class);
+        let result = match taken {
+            Ok(()) => Ok(match sharing {
+                Sharing::Shared(id) => {
+                    let saved = room.prefixes.hold(split);
+                    Held { kv: split.suffix, prefix: Some(id), saved }
+                }
+                Sharing::Alone => Held { kv: split.whole(), prefix: None, saved: 0 },
+            }),
+            Err(refused) => {
+                if refused.dispatch {
+                    room = self.run_passes(res, room, &mut wakes);
+                }
+                Err(refused.shortage)
+            }
+        };
+        drop(room);
+        self.wake(res, &mut wakes);
+        result
+    }
+
+    /// Returns what a request holding a share of `prefix` holds (one slot, `kv` own units, and the prefix's
+    /// units if it was the last holder), handing it to waiters; `unpark` is its tenant when that tenant had
+    /// parked waiters.
+    pub(crate) fn release_shared(
+        &self,
+        res: Resources<'_>,
+        kv: u64,
+        prefix: PrefixId,
+        unpark: Option<&dyn TenantHandle>,
+    ) {
+        let mut wakes = WakeList::new();
+        let mut room = sync::lock(&self.room);
+        if let Some(tenant) = unpark {
+            room.unpark(res, tenant);
+        }
+        let units = room.prefixes.release(prefix);
+        room = self.run_passes_with(res, room, &mut wakes, Credit { slots: 1, kv: kv + units });
+        drop(room);
+        self.wake(res, &mut wakes);
+    }
+
+    /// Prefixes tracked now.
+    pub(crate) fn prefixes(&self) -> usize {
+        sync::lock(&self.room).prefixes.len()
     }
 
     /// Runs a pass after capacity was returned and a `HELD_BACK` bit was seen; `unpark` is a tenant that
@@ -292,7 +371,8 @@ impl Dispatcher {
             if waiter.state != WaitState::Waiting {
                 continue;
             }
-            let (class, flow, kv) = (waiter.class, waiter.flow, waiter.kv);
+            let (class, flow) = (waiter.class, waiter.flow);
+            let kv = waiter.kv + waiter.prefix.map_or(0, |id| room.prefixes.units(id));
             let tenant = room.classes[class].tenant(flow).cloned();
             if let Err(Rejection::TooLarge { limit, capacity, .. }) = fits(res, kv, tenant.as_deref()) {
                 if let Some(wake) = room.leave(res, self, key.index(), WaitState::TooLarge { limit, capacity }) {
@@ -433,6 +513,9 @@ impl Room {
             debug_assert_eq!(w.state, WaitState::Waiting);
             (w.class, w.flow)
         };
+        if let Some(id) = self.waiters.get(index).prefix {
+            self.prefixes.stop_waiting(id, false);
+        }
         let tenant = self.classes[class].tenant(flow).cloned();
         let left = self.classes[class].remove(&mut self.waiters, index);
         if left.emptied && left.was_parked {
@@ -483,7 +566,12 @@ impl Room {
                 if wakes.is_full() {
                     return true;
                 }
-                let kv = self.waiters.get(index).kv;
+                let (kv, prefix) = {
+                    let waiter = self.waiters.get(index);
+                    (waiter.kv, waiter.prefix)
+                };
+                // Its own units, plus the prefix's when nobody holds the prefix now.
+                let need = prefix.map_or(kv, |id| self.prefixes.waiter_need(id, kv));
                 let tenant = self.classes[class].tenant(flow);
                 if let Some(core) = tenant.map(|t| t.core()) {
                     let (tenant_kv, tenant_limit) = (core.kv_units(kv), core.kv_limit(budget));
@@ -498,7 +586,7 @@ impl Room {
                         core.capacity.clear_held_back(class);
                     }
                 }
-                if res.capacity.try_take_for_waiter_with(kv, budget, credit).is_err() {
+                if res.capacity.try_take_for_waiter_with(need, budget, credit).is_err() {
                     if let Some(core) = self.classes[class].tenant(flow).map(|t| t.core()) {
                         // Taken and given back under the lock: no parking decision saw the difference,
                         // so the tenant's parked flows (if any) stay parked.
@@ -508,6 +596,9 @@ impl Room {
                     return false;
                 }
                 d.count(class, self.classes[class].tenant(flow).map(|t| t.as_ref()), -1);
+                if let Some(id) = prefix {
+                    res.stats.count_prefix_saved(self.prefixes.stop_waiting(id, true));
+                }
                 self.classes[class].remove(&mut self.waiters, index);
                 self.classes[class].count_grant(flow);
                 // The capacity is the waiter's now: it leaves the slab, and its owner sees the grant by the

@@ -104,8 +104,10 @@ pub(crate) struct Waiter {
     pub(crate) state: WaitState,
     /// Priority class index.
     pub(crate) class: usize,
-    /// KV units it reserves once granted.
+    /// KV units it reserves once granted (its own: beyond a shared prefix it refers to).
     pub(crate) kv: u64,
+    /// The shared prefix whose table entry it refers to.
+    pub(crate) prefix: Option<crate::admission::prefix::PrefixId>,
     /// Its flow in its class's fair queue.
     pub(crate) flow: u32,
     /// Neighbours in its flow's queue (older, newer).
@@ -118,7 +120,7 @@ pub(crate) struct Waiter {
 
 impl Waiter {
     pub(crate) fn new(class: usize, kv: u64, deadline: u64, notify: Notify) -> Self {
-        Self { state: WaitState::Waiting, class, kv, flow: 0, prev: None, next: None, deadline, notify }
+        Self { state: WaitState::Waiting, class, kv, prefix: None, flow: 0, prev: None, next: None, deadline, notify }
     }
 }
 
