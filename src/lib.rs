@@ -24,7 +24,7 @@ pub use error::ConfigError;
 
 pub use admission::{
     Admission, AdmissionBuilder, Admit, DEFAULT_EXPECTED_HOLD_TIME, DEFAULT_MAX_TENANTS, DEFAULT_QUEUE_CAPACITY,
-    DEFAULT_TENANT_IDLE_TIMEOUT, Limit, Permit, Prefix, PrefixId, Priority, RateLimitStatus, RateStatus, Rejection,
-    RejectionCounts, Request, Reservation, Snapshot, TenantId, TenantLimits,
+    DEFAULT_TENANT_IDLE_TIMEOUT, Fairness, Limit, Permit, Prefix, PrefixId, Priority, RateLimitStatus, RateStatus,
+    Rejection, RejectionCounts, Request, Reservation, Snapshot, TenantId, TenantLimits,
 };
 pub use queue::BoundedQueue;

@@ -3,6 +3,7 @@
 use super::core::Core;
 use super::cost::KvCost;
 use super::decision::Shared;
+use super::fairness::Fairness;
 use super::handle::Admission;
 use super::rates::Rates;
 use super::reservation::{Reservation, ReservationState};
@@ -57,6 +58,7 @@ pub struct AdmissionBuilder<C: Clock = MonotonicClock> {
     deadline_timer: bool,
     expected_hold: Duration,
     max_prefixes: Option<usize>,
+    fairness: Fairness,
     tenants: Option<TenantConfig>,
     clock: C,
 }
@@ -76,6 +78,7 @@ impl Default for AdmissionBuilder<MonotonicClock> {
             deadline_timer: true,
             expected_hold: DEFAULT_EXPECTED_HOLD_TIME,
             max_prefixes: None,
+            fairness: Fairness::Requests,
             tenants: None,
             clock: MonotonicClock::new(),
         }
@@ -164,6 +167,13 @@ impl<C: Clock> AdmissionBuilder<C> {
         self
     }
 
+    /// How waiting requests of different tenants share the server within a priority class (default
+    /// [`Fairness::Requests`], weighted round-robin by requests). See [`Fairness`].
+    pub fn fairness(mut self, fairness: Fairness) -> Self {
+        self.fairness = fairness;
+        self
+    }
+
     fn tenant_config(&mut self) -> &mut TenantConfig {
         self.tenants.get_or_insert_with(TenantConfig::new)
     }
@@ -216,6 +226,7 @@ impl<C: Clock> AdmissionBuilder<C> {
             deadline_timer: self.deadline_timer,
             expected_hold: self.expected_hold,
             max_prefixes: self.max_prefixes,
+            fairness: self.fairness,
             tenants: self.tenants,
             clock,
         }
@@ -363,6 +374,7 @@ impl<C: Clock> AdmissionBuilder<C> {
         if self.expected_hold.is_zero() {
             return Err(ConfigError::Zero { what: "expected_hold_time" });
         }
+        self.fairness.validate()?;
         if self.max_prefixes == Some(0) {
             return Err(ConfigError::Zero { what: "prefix_sharing's max_prefixes" });
         }
@@ -379,6 +391,7 @@ impl<C: Clock> AdmissionBuilder<C> {
                     self.expected_hold,
                     self.deadline_timer,
                     self.max_prefixes.unwrap_or(0),
+                    matches!(self.fairness, Fairness::Tokens { .. }),
                 ),
                 clock: self.clock,
                 kv_cost,
@@ -386,6 +399,7 @@ impl<C: Clock> AdmissionBuilder<C> {
                 rates,
                 max_queue_wait: self.max_queue_wait.map(crate::clock::duration_to_nanos),
                 prefix_sharing: self.max_prefixes.is_some(),
+                fairness: self.fairness,
                 tenants,
             }),
         })

@@ -33,11 +33,12 @@ impl Core {
         expected_hold: Duration,
         deadline_timer: bool,
         max_prefixes: usize,
+        token_fairness: bool,
     ) -> Self {
         Self {
             hot: CachePadded(Hot { capacity: Capacity::new(max_in_flight), kv_limit: KvLimit::new(kv_capacity) }),
             stats: Stats::new(expected_hold),
-            dispatcher: Dispatcher::new(queue_capacity, max_prefixes),
+            dispatcher: Dispatcher::new(queue_capacity, max_prefixes, token_fairness),
             timer: Timer::new(deadline_timer),
         }
     }

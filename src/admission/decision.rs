@@ -23,6 +23,7 @@ use super::capacity::{Credit, Shortage};
 use super::core::Core;
 use super::cost::KvCost;
 use super::dispatcher::{Enqueued, Held, NewWaiter};
+use super::fairness::Fairness;
 use super::owner::{Attempt, Owner, Ticket, WaitSpec};
 use super::permit::Permit;
 use super::prefix::Split;
@@ -56,6 +57,8 @@ pub(crate) struct Shared<C: Clock> {
     pub(crate) max_queue_wait: Option<u64>,
     /// Whether requests naming a prefix share its KV (`prefix_sharing`).
     pub(crate) prefix_sharing: bool,
+    /// How waiting tenants share the server.
+    pub(crate) fairness: Fairness,
     pub(crate) tenants: Option<TenantRegistry<C>>,
 }
 
@@ -174,6 +177,10 @@ impl<C: Clock> Shared<C> {
                     core.dispatcher.dispatch(core.resources(), None, Credit::default());
                 }
                 core.stats.count_prefix_saved(held.saved);
+                if let (Some(t), Fairness::Tokens { .. }) = (&tenant, self.fairness) {
+                    let cost = self.fairness.cost(request.prompt_tokens, request.max_new_tokens);
+                    t.core().charge_virtual_tokens(Fairness::counter_units(cost, t.core().weight));
+                }
                 let tenant = tenant.map(|t| t as Arc<dyn TenantHandle>);
                 Attempt::Granted(Permit::granted(this(), request, held, charges, tenant, now))
             }
@@ -277,6 +284,7 @@ impl<C: Clock> Shared<C> {
             return Attempt::Refused(Rejection::TimedOut);
         }
         let new = NewWaiter {
+            cost: self.fairness.cost(request.prompt_tokens, request.max_new_tokens),
             class: request.priority.index(),
             kv,
             split,
@@ -344,6 +352,13 @@ impl<C: Clock> Owner for Shared<C> {
 
     fn refund(&self, charges: Charges, tenant: Option<&dyn TenantHandle>) {
         Shared::refund(self, charges, tenant);
+    }
+
+    fn refund_output(&self, unused_output: u64, tenant: Option<&dyn TenantHandle>) {
+        if let (Some(tenant), Fairness::Tokens { .. }) = (tenant, self.fairness) {
+            let core = tenant.core();
+            core.refund_virtual_tokens(Fairness::counter_units(self.fairness.output_cost(unused_output), core.weight));
+        }
     }
 
     #[inline]

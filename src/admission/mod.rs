@@ -15,6 +15,7 @@
 //! | `decision.rs` | the one admit path, the order of checks (all or nothing), rate hints |
 //! | `capacity.rs` | the capacity words: slots and KV with held-back and closed bits (no lost wake-up) |
 //! | `dispatcher/` | the waiting room: fair queues, waiter states, wake-ups after the lock, deadlines |
+//! | `fairness.rs` | the fairness policy: requests (weighted round-robin) or tokens (virtual counters) |
 //! | `tenant/` | tenant ids, limits, state and the bounded registry |
 //! | `reservation.rs`, `cost.rs` | how much KV a request reserves, in tokens or bytes |
 //! | `prefix.rs` | shared prompt prefixes charged once while held, in a bounded table |
@@ -43,6 +44,7 @@ mod core;
 mod cost;
 mod decision;
 mod dispatcher;
+mod fairness;
 mod handle;
 mod hasher;
 mod owner;
@@ -58,6 +60,7 @@ mod tenant;
 
 pub use admit::Admit;
 pub use builder::{AdmissionBuilder, DEFAULT_EXPECTED_HOLD_TIME, DEFAULT_QUEUE_CAPACITY};
+pub use fairness::Fairness;
 pub use handle::Admission;
 pub use permit::Permit;
 pub use prefix::{Prefix, PrefixId};

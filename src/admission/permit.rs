@@ -102,6 +102,9 @@ impl Permit {
     pub fn complete(self, output_tokens: u32) {
         self.owner.observe_output(output_tokens, self.max_new_tokens);
         let unused = u64::from(self.max_new_tokens.saturating_sub(output_tokens));
+        if unused != 0 {
+            self.owner.refund_output(unused, self.tenant.as_deref());
+        }
         if unused != 0 && (self.charges.global.tokens != 0 || self.charges.tenant.tokens != 0) {
             let refund = Charges {
                 global: self.charges.global.unused_tokens(unused),

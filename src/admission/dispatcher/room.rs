@@ -54,6 +54,8 @@ pub(crate) struct NewWaiter {
     pub(crate) kv: u64,
     /// Its cost around a shared prefix, when prefix sharing is on and it named one.
     pub(crate) split: Option<Split>,
+    /// Its weighted token cost for token fairness (0 with request fairness).
+    pub(crate) cost: u64,
     pub(crate) deadline: u64,
     pub(crate) tenant: Option<Arc<dyn TenantHandle>>,
     pub(crate) notify: Notify,
@@ -107,12 +109,12 @@ pub(crate) struct Dispatcher {
 }
 
 impl Dispatcher {
-    pub(crate) fn new(queue_capacity: usize, max_prefixes: usize) -> Self {
+    pub(crate) fn new(queue_capacity: usize, max_prefixes: usize, token_fairness: bool) -> Self {
         Self {
             room: Mutex::new(Room {
                 waiters: Slab::default(),
                 prefixes: PrefixTable::new(max_prefixes),
-                classes: std::array::from_fn(|_| FairQueue::default()),
+                classes: std::array::from_fn(|_| FairQueue::new(token_fairness)),
                 held_back: [false; Priority::COUNT],
                 deadlines: Deadlines::default(),
                 closed: false,
@@ -165,6 +167,7 @@ impl Dispatcher {
         };
         let mut waiter = Waiter::new(class, held.kv, new.deadline, new.notify);
         waiter.prefix = held.prefix;
+        waiter.cost = new.cost;
         let key = room.waiters.insert(waiter);
         let flow_key = new.tenant.as_ref().map_or(FlowKey::Anonymous, |t| t.core().flow);
         let Room { waiters, classes, .. } = &mut *room;
@@ -566,9 +569,9 @@ impl Room {
                 if wakes.is_full() {
                     return true;
                 }
-                let (kv, prefix) = {
+                let (kv, prefix, cost) = {
                     let waiter = self.waiters.get(index);
-                    (waiter.kv, waiter.prefix)
+                    (waiter.kv, waiter.prefix, waiter.cost)
                 };
                 // Its own units, plus the prefix's when nobody holds the prefix now.
                 let need = prefix.map_or(kv, |id| self.prefixes.waiter_need(id, kv));
@@ -580,7 +583,7 @@ impl Room {
                         // the bit did not see the bit, but its room is visible now.
                         core.capacity.hold_back(class);
                         if core.capacity.try_take_for_waiter(tenant_kv, tenant_limit).is_err() {
-                            self.classes[class].park_front();
+                            self.classes[class].park(flow);
                             continue;
                         }
                         core.capacity.clear_held_back(class);
@@ -599,8 +602,8 @@ impl Room {
                 if let Some(id) = prefix {
                     res.stats.count_prefix_saved(self.prefixes.stop_waiting(id, true));
                 }
+                self.classes[class].count_grant(flow, cost);
                 self.classes[class].remove(&mut self.waiters, index);
-                self.classes[class].count_grant(flow);
                 // The capacity is the waiter's now: it leaves the slab, and its owner sees the grant by the
                 // slot's generation.
                 let mut waiter = self.waiters.remove(index);

@@ -108,6 +108,8 @@ pub(crate) struct Waiter {
     pub(crate) kv: u64,
     /// The shared prefix whose table entry it refers to.
     pub(crate) prefix: Option<crate::admission::prefix::PrefixId>,
+    /// Its weighted token cost (token fairness).
+    pub(crate) cost: u64,
     /// Its flow in its class's fair queue.
     pub(crate) flow: u32,
     /// Neighbours in its flow's queue (older, newer).
@@ -120,7 +122,18 @@ pub(crate) struct Waiter {
 
 impl Waiter {
     pub(crate) fn new(class: usize, kv: u64, deadline: u64, notify: Notify) -> Self {
-        Self { state: WaitState::Waiting, class, kv, prefix: None, flow: 0, prev: None, next: None, deadline, notify }
+        Self {
+            state: WaitState::Waiting,
+            class,
+            kv,
+            prefix: None,
+            cost: 0,
+            flow: 0,
+            prev: None,
+            next: None,
+            deadline,
+            notify,
+        }
     }
 }
 
