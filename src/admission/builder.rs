@@ -196,7 +196,7 @@ impl<C: Clock> AdmissionBuilder<C> {
         self
     }
 
-    /// Most tenants tracked at once (default [`DEFAULT_MAX_TENANTS`]); beyond it, new tenants share
+    /// Most tenants tracked at once (default [`DEFAULT_MAX_TENANTS`](crate::DEFAULT_MAX_TENANTS)); beyond it, new tenants share
     /// one overflow tenant with the default limits until idle tenants are evicted.
     pub fn max_tenants(mut self, max_tenants: usize) -> Self {
         self.tenant_config().max_tenants = max_tenants;
@@ -204,7 +204,7 @@ impl<C: Clock> AdmissionBuilder<C> {
     }
 
     /// How long a tenant must be idle (nothing in flight, no request) before its state may be evicted to
-    /// make room (default [`DEFAULT_TENANT_IDLE_TIMEOUT`]). Keep it at least as long as the tenant's
+    /// make room (default [`DEFAULT_TENANT_IDLE_TIMEOUT`](crate::DEFAULT_TENANT_IDLE_TIMEOUT)). Keep it at least as long as the tenant's
     /// buckets take to refill.
     pub fn tenant_idle_timeout(mut self, idle: Duration) -> Self {
         self.tenant_config().idle_timeout = idle;

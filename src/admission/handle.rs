@@ -337,7 +337,7 @@ impl<C: Clock> Admission<C> {
     }
 
     /// The fraction of `max_new_tokens` a request's KV reservation covers now: 1.0 with
-    /// [`Reservation::Full`], the learned estimate with [`Reservation::Learned`].
+    /// [`Reservation::Full`](crate::Reservation::Full), the learned estimate with [`Reservation::Learned`](crate::Reservation::Learned).
     pub fn output_estimate(&self) -> f64 {
         self.shared.reservation.ratio()
     }
