@@ -15,6 +15,9 @@ mod telemetry;
 
 #[cfg(feature = "http-body")]
 pub mod http;
+#[cfg(feature = "openai")]
+#[cfg_attr(docsrs, doc(cfg(feature = "openai")))]
+pub mod openai;
 #[cfg(feature = "tower")]
 pub mod tower;
 
