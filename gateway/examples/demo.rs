@@ -4,19 +4,16 @@
 //! cargo run --release --example demo
 //! ```
 //!
-//! Starts the gateway (`examples/gateway/`) with its simulated LLM backend on a loopback port, in this
-//! process; then a few hundred simulated employees send chat requests over real HTTP, streaming the
+//! Starts the gateway (the `kvgate-gateway` crate) with its simulated LLM backend on a loopback port, in
+//! this process; then a few hundred simulated employees send chat requests over real HTTP, streaming the
 //! answers, and retry rejections with `kvgate::retry` (full jitter, never earlier than `Retry-After`).
 //! A live line shows what the gateway admits; at the end a summary table reports latency, time to
 //! first token, rejections, and the engine's peaks against its limits — and the demo fails (exit 1) if
 //! any invariant it prints does not hold.
 
-#[path = "gateway/app/mod.rs"]
-mod app;
-
-use app::{BackendConfig, Config, Gateway};
 use futures::StreamExt;
 use kvgate::retry::{RetryHint, RetryPolicy, SplitMix64, retry};
+use kvgate_gateway::{BackendConfig, Config, Gateway};
 use std::io::{IsTerminal, Write};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -89,7 +86,7 @@ async fn main() {
     let gateway = Gateway::new(config).expect("a valid configuration");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a loopback port");
     let addr = listener.local_addr().expect("a bound address");
-    tokio::spawn(app::serve(listener, gateway.clone()));
+    tokio::spawn(kvgate_gateway::serve(listener, gateway.clone()));
     let url = format!("http://{addr}/v1/chat/completions");
     println!(
         "kvgate demo: {EMPLOYEES} employees x {REQUESTS_EACH} chats -> gateway on http://{addr} -> simulated GPU \

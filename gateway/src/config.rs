@@ -1,47 +1,49 @@
-//! The gateway's settings and their command-line flags (hand-rolled: no argument-parsing dependency).
+//! The gateway's settings: command-line flags (`clap`), an optional TOML file (`--config`) with the same
+//! settings and the tenants, and the [`Config`] they make. A flag overrides the file, the file overrides
+//! the default.
+//!
+//! Every value is checked when the configuration is built: a duration that does not fit
+//! (`--max-queue-wait 1e300s`), a zero limit or an unknown preset is a [`ConfigError`] that names the
+//! setting, never a panic.
 
+use crate::tenants::{TenantConfig, TenantLimitsConfig};
+use crate::units::parse_duration;
+use clap::Parser;
 use kvgate::kv::{GpuPlan, ModelSpec};
+use serde::Deserialize;
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-/// `--help` text.
-pub const USAGE: &str = "\
-kvgate gateway: an OpenAI-compatible admission gateway in front of one inference server
-
-USAGE:
-    cargo run --release --example gateway --features tower -- [OPTIONS]
-
-SERVER:
-    --listen ADDR              address to listen on (default 127.0.0.1:8080)
-    --upstream URL             proxy to an OpenAI-compatible server over plain http, e.g.
-                               http://localhost:8000 (vLLM), http://localhost:8080 (llama-server),
-                               http://localhost:11434/v1 (Ollama); without it a simulated backend answers
-    --upstream-timeout D       longest wait for the upstream's response headers, and then between two
-                               pieces of its body; past it the client gets a 504 (or, mid-stream, an SSE
-                               error event) and the permit is returned. A non-streamed completion sends
-                               nothing until it is done: raise it for long ones (default 120s)
-    --sim-tokens-per-sec N     simulated backend: tokens per second of one sequence alone (default 50);
-                               it slows down as its batch grows
-
-LIMITS:
-    --max-in-flight N          sequences running at once (default 32)
-    --queue N                  waiting room per priority class; 0: never wait (default 256)
-    --max-queue-wait D         longest wait in the queue: ms, or with a unit: 500ms, 2s, 1m (default 30s)
-    --rate R                   requests per second (burst: --rate-burst, default max(1, R))
-    --rate-burst N
-    --token-rate R             prompt + max_tokens per second (burst: --token-burst, default 10 x R)
-    --token-burst N
-    --kv-tokens N              KV-cache budget in tokens (prompt + max_tokens of every running request)
-    --model NAME               model preset for a KV-byte budget (with --gpu); also the served model name
-    --config PATH              a Hugging Face config.json for a KV-byte budget (with --gpu; give
-                               --weight-gb unless the config's model has a known parameter count)
-    --gpu NAME                 GPU preset (h100-80, a100-80, l4, ...): KV pool = memory x 0.9 - weights
-    --weight-gb N              weight size in GB when the model's parameter count is unknown
-    --default-max-tokens N     output reservation when a request gives no max_tokens (default 512)
-    --max-body-bytes N         largest request body (default 4194304)
-    --all-429                  answer every retryable rejection with 429 (for clients that retry only on 429)
-    -h, --help                 this text
-";
+/// Why the gateway's configuration cannot be built.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// A setting's value is invalid.
+    #[error("{setting} {value}: {reason}")]
+    Invalid {
+        /// The flag (`--max-queue-wait`) or file key.
+        setting: &'static str,
+        /// The value given.
+        value: String,
+        /// What is wrong and what is accepted.
+        reason: String,
+    },
+    /// Two settings contradict each other, or one needs another.
+    #[error("{0}")]
+    Conflict(String),
+    /// The config file cannot be read or parsed.
+    #[error("--config {path}: {reason}")]
+    File {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
+    /// The admission refused the limits.
+    #[error(transparent)]
+    Admission(#[from] kvgate::ConfigError),
+}
 
 /// Where completions come from.
 #[derive(Debug, Clone, PartialEq)]
@@ -55,26 +57,64 @@ pub enum BackendConfig {
     Upstream(String),
 }
 
-/// Everything the gateway is built from.
+/// Everything the gateway is built from. [`Default`] is what the binary runs with no flags.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
+    /// Address to listen on.
     pub listen: SocketAddr,
+    /// The simulated engine or an upstream URL.
     pub backend: BackendConfig,
-    /// Proxy mode: longest wait for response headers, and then between two body chunks.
+    /// Sent upstream as `Authorization: Bearer ...` (else the client's `Authorization` is passed on when
+    /// no tenants are configured, and nothing when they are).
+    pub upstream_api_key: Option<String>,
+    /// Longest wait for the upstream's response headers, and then between two pieces of its body.
     pub upstream_timeout: Duration,
+    /// Sequences running at once.
     pub max_in_flight: usize,
+    /// Waiting room per priority class.
     pub queue: usize,
+    /// Longest wait in the queue.
     pub max_queue_wait: Duration,
+    /// Requests per second and burst.
     pub rate: Option<(f64, u32)>,
+    /// LLM tokens (prompt + max_tokens) per second and burst.
     pub token_rate: Option<(f64, u64)>,
+    /// KV-cache budget in tokens.
     pub kv_tokens: Option<u64>,
+    /// Model preset (for a KV-byte budget with `gpu`), and the served model name.
     pub model: Option<String>,
-    pub config_path: Option<String>,
+    /// A Hugging Face `config.json` (for a KV-byte budget with `gpu`).
+    pub model_config: Option<PathBuf>,
+    /// GPU preset for a KV-byte budget.
     pub gpu: Option<String>,
+    /// Weight size in GB when the model's parameter count is unknown.
     pub weight_gb: Option<f64>,
+    /// Output reservation of a request without a generation limit.
     pub default_max_tokens: u32,
+    /// Largest output reservation a request may ask for (413 above it).
+    pub max_output_tokens: u32,
+    /// Largest request body.
     pub max_body_bytes: usize,
+    /// Bytes of request bodies held at once (read, parsed, waiting or being forwarded); past it, 503.
+    pub max_buffered_bytes: usize,
+    /// Longest time a client may take to send a request's headers (the connection is then answered
+    /// 408 and closed); also the longest idle time of a keep-alive connection.
+    pub header_timeout: Duration,
+    /// Longest time a client may take to send a request's body (408).
+    pub body_timeout: Duration,
+    /// Longest time a write to a client may stay blocked (a client that stops reading); the connection
+    /// is then closed and its permit returned.
+    pub send_timeout: Duration,
+    /// Connections served at once; more wait in the listen backlog.
+    pub max_connections: usize,
+    /// On shutdown, how long running answers may take to finish.
+    pub shutdown_grace: Duration,
+    /// Answer every retryable rejection with 429.
     pub all_429: bool,
+    /// Limits of every tenant without its own.
+    pub tenant_defaults: Option<TenantLimitsConfig>,
+    /// Named tenants: their API keys, priority and limits. With any, a request needs a known key.
+    pub tenants: Vec<TenantConfig>,
 }
 
 impl Default for Config {
@@ -82,6 +122,7 @@ impl Default for Config {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             backend: BackendConfig::Simulated { tokens_per_sec: 50.0 },
+            upstream_api_key: None,
             upstream_timeout: Duration::from_secs(120),
             max_in_flight: 32,
             queue: 256,
@@ -90,140 +131,456 @@ impl Default for Config {
             token_rate: None,
             kv_tokens: None,
             model: None,
-            config_path: None,
+            model_config: None,
             gpu: None,
             weight_gb: None,
             default_max_tokens: 512,
+            max_output_tokens: kvgate::openai::DEFAULT_MAX_OUTPUT_TOKENS,
             max_body_bytes: 4 << 20,
+            max_buffered_bytes: 256 << 20,
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(30),
+            send_timeout: Duration::from_secs(30),
+            max_connections: 1024,
+            shutdown_grace: Duration::from_secs(30),
             all_429: false,
+            tenant_defaults: None,
+            tenants: Vec::new(),
         }
     }
 }
 
-/// Why the flags did not give a configuration.
-#[derive(Debug, Clone, PartialEq)]
-pub enum ArgError {
-    /// `--help` was asked for.
-    Help,
-    /// A flag is unknown, lacks its value, or its value is invalid.
-    Bad(String),
+/// The longest duration any setting accepts (a day): longer ones are mistakes, and some would not fit
+/// the timers.
+const MAX_DURATION: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// The settings, as flags and as keys of the TOML file (the same names, `--max-in-flight` and
+/// `max_in_flight`). Every one is optional: what neither gives comes from [`Config::default`].
+#[derive(Debug, Clone, Default, Parser, Deserialize)]
+#[command(
+    name = "kvgate-gateway",
+    version,
+    about = "An OpenAI-compatible admission gateway in front of one inference server",
+    after_help = "Durations: 500ms, 2s, 1.5s, 1m (a bare number is milliseconds), at most 1 day.\n\
+                  See gateway/README.md for the config file, the metrics and real servers."
+)]
+#[serde(default, deny_unknown_fields)]
+pub struct Settings {
+    /// A TOML file with any of these settings (without the dashes: max_in_flight = 32) and the tenants.
+    #[arg(long, value_name = "FILE")]
+    #[serde(skip)]
+    pub config: Option<PathBuf>,
+    /// Address to listen on [default: 127.0.0.1:8080].
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<SocketAddr>,
+    /// Proxy to an OpenAI-compatible server over plain http (http://localhost:8000 for vLLM,
+    /// http://localhost:8080 for llama-server, http://localhost:11434/v1 for Ollama); without it a
+    /// simulated engine answers.
+    #[arg(long, value_name = "URL")]
+    pub upstream: Option<String>,
+    /// API key sent to the upstream as a bearer token.
+    #[arg(long, value_name = "KEY", env = "KVGATE_UPSTREAM_API_KEY", hide_env_values = true)]
+    pub upstream_api_key: Option<String>,
+    /// Longest wait for the upstream's response headers, then between two pieces of its body: past it
+    /// the client gets a 504 (mid-stream: an SSE error event) [default: 120s].
+    #[arg(long, value_name = "DURATION")]
+    pub upstream_timeout: Option<String>,
+    /// Simulated engine: tokens per second of one sequence alone [default: 50].
+    #[arg(long, value_name = "N")]
+    pub sim_tokens_per_sec: Option<f64>,
+    /// Sequences running at once [default: 32].
+    #[arg(long, value_name = "N")]
+    pub max_in_flight: Option<usize>,
+    /// Waiting room per priority class; 0: never wait [default: 256].
+    #[arg(long, value_name = "N")]
+    pub queue: Option<usize>,
+    /// Longest wait in the queue [default: 30s].
+    #[arg(long, value_name = "DURATION")]
+    pub max_queue_wait: Option<String>,
+    /// Requests per second (burst: --rate-burst, default max(1, R)).
+    #[arg(long, value_name = "R")]
+    pub rate: Option<f64>,
+    /// Request-rate burst.
+    #[arg(long, value_name = "N")]
+    pub rate_burst: Option<u32>,
+    /// Prompt + max_tokens per second (burst: --token-burst, default 10 x R).
+    #[arg(long, value_name = "R")]
+    pub token_rate: Option<f64>,
+    /// Token-rate burst.
+    #[arg(long, value_name = "N")]
+    pub token_burst: Option<u64>,
+    /// KV-cache budget in tokens (prompt + max_tokens of every running request).
+    #[arg(long, value_name = "N")]
+    pub kv_tokens: Option<u64>,
+    /// Model preset for a KV-byte budget (with --gpu); also the served model name.
+    #[arg(long, value_name = "NAME")]
+    pub model: Option<String>,
+    /// A Hugging Face config.json for a KV-byte budget (with --gpu; give --weight-gb unless the model
+    /// has a known parameter count).
+    #[arg(long, value_name = "PATH")]
+    pub model_config: Option<PathBuf>,
+    /// GPU preset (h100-80, a100-80, l4, ...): KV pool = memory x 0.9 - weights.
+    #[arg(long, value_name = "NAME")]
+    pub gpu: Option<String>,
+    /// Weight size in GB when the model's parameter count is unknown.
+    #[arg(long, value_name = "GB")]
+    pub weight_gb: Option<f64>,
+    /// Output reservation when a request gives no max_tokens; written into the forwarded body
+    /// [default: 512].
+    #[arg(long, value_name = "N")]
+    pub default_max_tokens: Option<u32>,
+    /// Largest max_tokens a request may ask for; above it, 413 [default: 131072].
+    #[arg(long, value_name = "N")]
+    pub max_output_tokens: Option<u32>,
+    /// Largest request body in bytes [default: 4194304].
+    #[arg(long, value_name = "BYTES")]
+    pub max_body_bytes: Option<usize>,
+    /// Request-body bytes held at once (waiting or being forwarded); past it, 503 [default: 268435456].
+    #[arg(long, value_name = "BYTES")]
+    pub max_buffered_bytes: Option<usize>,
+    /// Longest time to receive a request's headers, and longest keep-alive idle time; then 408 and
+    /// close [default: 10s].
+    #[arg(long, value_name = "DURATION")]
+    pub header_timeout: Option<String>,
+    /// Longest time to receive a request's body; then 408 [default: 30s].
+    #[arg(long, value_name = "DURATION")]
+    pub body_timeout: Option<String>,
+    /// Longest time a write to a client may stay blocked (the client stopped reading); then the
+    /// connection is closed and the permit returned [default: 30s].
+    #[arg(long, value_name = "DURATION")]
+    pub send_timeout: Option<String>,
+    /// Connections served at once; more wait in the listen backlog [default: 1024].
+    #[arg(long, value_name = "N")]
+    pub max_connections: Option<usize>,
+    /// On SIGINT/SIGTERM, how long running answers may take to finish [default: 30s].
+    #[arg(long, value_name = "DURATION")]
+    pub shutdown_grace: Option<String>,
+    /// Answer every retryable rejection with 429 (for clients that retry only on 429).
+    #[arg(long)]
+    pub all_429: bool,
+    /// Limits of every tenant without its own (file only: [tenant_defaults]).
+    #[arg(skip)]
+    pub tenant_defaults: Option<TenantLimitsConfig>,
+    /// Named tenants with their API keys (file only: [[tenants]]).
+    #[arg(skip)]
+    pub tenants: Vec<TenantConfig>,
+}
+
+impl Settings {
+    /// Reads the TOML file at `path`.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::File`] when it cannot be read or is not valid TOML with known keys.
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let file_error = |reason: String| ConfigError::File { path: path.to_owned(), reason };
+        let text = std::fs::read_to_string(path).map_err(|e| file_error(e.to_string()))?;
+        toml::from_str(&text).map_err(|e| file_error(e.to_string()))
+    }
+
+    /// These settings, each missing one taken from `file`.
+    pub fn or(self, file: Settings) -> Settings {
+        macro_rules! merge {
+            ($($field:ident),*) => { Settings { $($field: self.$field.or(file.$field),)* config: self.config, all_429: self.all_429 || file.all_429, tenants: if self.tenants.is_empty() { file.tenants } else { self.tenants } } };
+        }
+        merge!(
+            listen,
+            upstream,
+            upstream_api_key,
+            upstream_timeout,
+            sim_tokens_per_sec,
+            max_in_flight,
+            queue,
+            max_queue_wait,
+            rate,
+            rate_burst,
+            token_rate,
+            token_burst,
+            kv_tokens,
+            model,
+            model_config,
+            gpu,
+            weight_gb,
+            default_max_tokens,
+            max_output_tokens,
+            max_body_bytes,
+            max_buffered_bytes,
+            header_timeout,
+            body_timeout,
+            send_timeout,
+            max_connections,
+            shutdown_grace,
+            tenant_defaults
+        )
+    }
+
+    /// The configuration: these settings over [`Config::default`], every value checked.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::Invalid`] naming the setting for a value out of range (durations over a day or
+    /// not numbers, zero limits, rates that are not positive), [`ConfigError::Conflict`] for settings
+    /// that contradict each other.
+    pub fn into_config(self) -> Result<Config, ConfigError> {
+        let mut config = Config::default();
+        let invalid = |setting: &'static str, value: &dyn std::fmt::Display, reason: &str| ConfigError::Invalid {
+            setting,
+            value: value.to_string(),
+            reason: reason.to_owned(),
+        };
+        let duration = |setting: &'static str, value: Option<String>, default: Duration, zero_ok: bool| {
+            let Some(value) = value else { return Ok(default) };
+            match parse_duration(&value, MAX_DURATION) {
+                Ok(d) if d.is_zero() && !zero_ok => Err(invalid(setting, &value, "must be more than 0")),
+                Ok(d) => Ok(d),
+                Err(reason) => Err(invalid(setting, &value, &reason)),
+            }
+        };
+        let positive = |setting: &'static str, value: f64| {
+            if value.is_finite() && value > 0.0 {
+                Ok(value)
+            } else {
+                Err(invalid(setting, &value, "expected a positive number"))
+            }
+        };
+        if let Some(listen) = self.listen {
+            config.listen = listen;
+        }
+        if let Some(url) = self.upstream {
+            if !url.starts_with("http://") {
+                return Err(invalid(
+                    "--upstream",
+                    &crate::proxy::redact(&url),
+                    "expected a plain http:// URL (no TLS)",
+                ));
+            }
+            config.backend = BackendConfig::Upstream(url);
+        } else if let Some(rate) = self.sim_tokens_per_sec {
+            config.backend = BackendConfig::Simulated { tokens_per_sec: positive("--sim-tokens-per-sec", rate)? };
+        }
+        config.upstream_api_key = self.upstream_api_key;
+        config.upstream_timeout =
+            duration("--upstream-timeout", self.upstream_timeout, config.upstream_timeout, false)?;
+        config.max_queue_wait = duration("--max-queue-wait", self.max_queue_wait, config.max_queue_wait, true)?;
+        config.header_timeout = duration("--header-timeout", self.header_timeout, config.header_timeout, false)?;
+        config.body_timeout = duration("--body-timeout", self.body_timeout, config.body_timeout, false)?;
+        config.send_timeout = duration("--send-timeout", self.send_timeout, config.send_timeout, false)?;
+        config.shutdown_grace = duration("--shutdown-grace", self.shutdown_grace, config.shutdown_grace, true)?;
+        if let Some(n) = self.max_in_flight {
+            config.max_in_flight = n;
+        }
+        if let Some(n) = self.queue {
+            config.queue = n;
+        }
+        if let Some(rate) = self.rate {
+            let rate = positive("--rate", rate)?;
+            let burst = self.rate_burst.unwrap_or((rate.ceil().max(1.0)).min(f64::from(u32::MAX)) as u32);
+            config.rate = Some((rate, burst));
+        } else if self.rate_burst.is_some() {
+            return Err(ConfigError::Conflict("--rate-burst needs --rate".into()));
+        }
+        if let Some(rate) = self.token_rate {
+            let rate = positive("--token-rate", rate)?;
+            let burst = self.token_burst.unwrap_or((rate * 10.0).ceil().min(u64::MAX as f64) as u64);
+            config.token_rate = Some((rate, burst));
+        } else if self.token_burst.is_some() {
+            return Err(ConfigError::Conflict("--token-burst needs --token-rate".into()));
+        }
+        config.kv_tokens = self.kv_tokens;
+        config.model = self.model;
+        config.model_config = self.model_config;
+        config.gpu = self.gpu;
+        if let Some(gb) = self.weight_gb {
+            config.weight_gb = Some(positive("--weight-gb", gb)?);
+        }
+        if let Some(n) = self.default_max_tokens {
+            if n == 0 {
+                return Err(invalid("--default-max-tokens", &n, "must be at least 1"));
+            }
+            config.default_max_tokens = n;
+        }
+        if let Some(n) = self.max_output_tokens {
+            if n == 0 {
+                return Err(invalid("--max-output-tokens", &n, "must be at least 1"));
+            }
+            config.max_output_tokens = n;
+        }
+        for (setting, value, target) in [
+            ("--max-body-bytes", self.max_body_bytes, &mut config.max_body_bytes),
+            ("--max-buffered-bytes", self.max_buffered_bytes, &mut config.max_buffered_bytes),
+            ("--max-connections", self.max_connections, &mut config.max_connections),
+        ] {
+            match value {
+                Some(0) => return Err(invalid(setting, &0, "must be at least 1")),
+                Some(n) => *target = n,
+                None => {}
+            }
+        }
+        if config.max_buffered_bytes < config.max_body_bytes {
+            return Err(ConfigError::Conflict(format!(
+                "--max-buffered-bytes {} is below --max-body-bytes {}: no body of the largest size could be read",
+                config.max_buffered_bytes, config.max_body_bytes
+            )));
+        }
+        config.all_429 = self.all_429;
+        config.tenant_defaults = self.tenant_defaults;
+        config.tenants = self.tenants;
+        Ok(config)
+    }
 }
 
 impl Config {
-    /// Parses flags (without the program name).
+    /// Parses flags (the program name first, as `std::env::args()` gives them) and the `--config`
+    /// file they name.
     ///
     /// # Errors
     ///
-    /// [`ArgError::Help`] for `--help`, [`ArgError::Bad`] for anything wrong.
-    pub fn from_args<I: IntoIterator<Item = String>>(args: I) -> Result<Self, ArgError> {
-        let mut config = Config::default();
-        let mut sim_rate = 50.0;
-        let mut upstream = None;
-        let (mut rate, mut rate_burst, mut token_rate, mut token_burst) = (None, None, None, None);
-        let mut args = args.into_iter();
-        while let Some(flag) = args.next() {
-            let (flag, inline) = match flag.split_once('=') {
-                Some((f, v)) if f.starts_with("--") => (f.to_owned(), Some(v.to_owned())),
-                _ => (flag, None),
-            };
-            match flag.as_str() {
-                "-h" | "--help" => return Err(ArgError::Help),
-                "--all-429" => {
-                    config.all_429 = true;
-                    continue;
-                }
-                _ => {}
+    /// A `clap` error (which prints help, the version, or what is wrong) for flags that do not parse,
+    /// as a [`ConfigError`] through [`FromArgsError`].
+    pub fn from_args<I, T>(args: I) -> Result<Self, FromArgsError>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        let flags = Settings::try_parse_from(args).map_err(FromArgsError::Flags)?;
+        let settings = match &flags.config {
+            Some(path) => {
+                let file = Settings::from_file(path).map_err(FromArgsError::Config)?;
+                flags.or(file)
             }
-            let value = match inline.or_else(|| args.next()) {
-                Some(value) => value,
-                None => return Err(ArgError::Bad(format!("{flag} needs a value (see --help)"))),
-            };
-            let bad = |what: &str| ArgError::Bad(format!("{flag} {value}: expected {what}"));
-            match flag.as_str() {
-                "--listen" => config.listen = value.parse().map_err(|_| bad("an address like 127.0.0.1:8080"))?,
-                "--upstream" => {
-                    if !value.starts_with("http://") {
-                        return Err(bad("a plain http:// URL (this example has no TLS)"));
-                    }
-                    upstream = Some(value);
-                }
-                "--upstream-timeout" => {
-                    config.upstream_timeout =
-                        parse_duration(&value).filter(|d| !d.is_zero()).ok_or_else(|| bad("a duration > 0"))?
-                }
-                "--sim-tokens-per-sec" => sim_rate = positive_f64(&value).ok_or_else(|| bad("a positive number"))?,
-                "--max-in-flight" => config.max_in_flight = value.parse().map_err(|_| bad("a count"))?,
-                "--queue" => config.queue = value.parse().map_err(|_| bad("a count"))?,
-                "--max-queue-wait" => {
-                    config.max_queue_wait = parse_duration(&value).ok_or_else(|| bad("a duration"))?
-                }
-                "--rate" => rate = Some(positive_f64(&value).ok_or_else(|| bad("requests per second"))?),
-                "--rate-burst" => rate_burst = Some(value.parse().map_err(|_| bad("a count"))?),
-                "--token-rate" => token_rate = Some(positive_f64(&value).ok_or_else(|| bad("tokens per second"))?),
-                "--token-burst" => token_burst = Some(value.parse().map_err(|_| bad("a count"))?),
-                "--kv-tokens" => config.kv_tokens = Some(value.parse().map_err(|_| bad("a token count"))?),
-                "--model" => config.model = Some(value),
-                "--config" => config.config_path = Some(value),
-                "--gpu" => config.gpu = Some(value),
-                "--weight-gb" => config.weight_gb = Some(positive_f64(&value).ok_or_else(|| bad("gigabytes"))?),
-                "--default-max-tokens" => {
-                    config.default_max_tokens =
-                        value.parse().ok().filter(|&n| n > 0).ok_or_else(|| bad("a count > 0"))?
-                }
-                "--max-body-bytes" => config.max_body_bytes = value.parse().map_err(|_| bad("a byte count"))?,
-                _ => return Err(ArgError::Bad(format!("unknown flag {flag} (see --help)"))),
-            }
-        }
-        config.backend = match upstream {
-            Some(url) => BackendConfig::Upstream(url),
-            None => BackendConfig::Simulated { tokens_per_sec: sim_rate },
+            None => flags,
         };
-        config.rate = rate.map(|r: f64| (r, rate_burst.unwrap_or(r.ceil().max(1.0) as u32)));
-        config.token_rate = token_rate.map(|r: f64| (r, token_burst.unwrap_or((r * 10.0).ceil() as u64)));
-        Ok(config)
+        settings.into_config().map_err(FromArgsError::Config)
     }
 
-    /// The GPU plan from `--model`/`--config` and `--gpu`, if `--gpu` was given.
+    /// The GPU plan from `model`/`model_config` and `gpu`, if `gpu` was given.
     ///
     /// # Errors
     ///
-    /// A message when the model or GPU is unknown, the config unreadable, or the plan impossible.
-    pub fn gpu_plan(&self) -> Result<Option<GpuPlan>, String> {
+    /// When the model or GPU is unknown, the config unreadable, or the plan impossible.
+    pub fn gpu_plan(&self) -> Result<Option<GpuPlan>, ConfigError> {
         let Some(gpu) = &self.gpu else {
             return Ok(None);
         };
-        let spec = match (&self.config_path, &self.model) {
+        let spec = match (&self.model_config, &self.model) {
             (Some(path), _) => {
-                let json = std::fs::read_to_string(path).map_err(|e| format!("--config {path}: {e}"))?;
-                ModelSpec::from_hf_config(&json).map_err(|e| format!("--config {path}: {e}"))?
+                let file_error = |reason: String| ConfigError::File { path: path.clone(), reason };
+                let json = std::fs::read_to_string(path).map_err(|e| file_error(e.to_string()))?;
+                ModelSpec::from_hf_config(&json).map_err(|e| file_error(e.to_string()))?
             }
-            (None, Some(name)) => ModelSpec::preset(name).map_err(|e| format!("--model: {e}"))?,
-            (None, None) => return Err("--gpu needs --model NAME or --config path/config.json".into()),
+            (None, Some(name)) => ModelSpec::preset(name)?,
+            (None, None) => {
+                return Err(ConfigError::Conflict("--gpu needs --model NAME or --model-config PATH".into()));
+            }
         };
         let mut builder = GpuPlan::builder(spec).gpu(gpu);
         if let Some(gb) = self.weight_gb {
             builder = builder.weight_bytes((gb * 1e9) as u64);
         }
-        builder.build().map(Some).map_err(|e| e.to_string())
+        Ok(Some(builder.build()?))
     }
 }
 
-fn positive_f64(value: &str) -> Option<f64> {
-    value.parse::<f64>().ok().filter(|v| v.is_finite() && *v > 0.0)
+/// Why [`Config::from_args`] gave no configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum FromArgsError {
+    /// The flags do not parse, or `--help`/`--version` was asked for (`clap`'s error prints it; its
+    /// `exit()` exits with the right code).
+    #[error(transparent)]
+    Flags(clap::Error),
+    /// The flags parse, the values do not make a configuration.
+    #[error(transparent)]
+    Config(ConfigError),
 }
 
-/// `500` (milliseconds), `500ms`, `2s`, `1.5s`, `1m`.
-pub fn parse_duration(value: &str) -> Option<Duration> {
-    let value = value.trim();
-    let (number, scale) = if let Some(n) = value.strip_suffix("ms") {
-        (n, 1e-3)
-    } else if let Some(n) = value.strip_suffix('s') {
-        (n, 1.0)
-    } else if let Some(n) = value.strip_suffix('m') {
-        (n, 60.0)
-    } else {
-        (value, 1e-3)
-    };
-    let number: f64 = number.trim().parse().ok()?;
-    (number.is_finite() && number >= 0.0).then(|| Duration::from_secs_f64(number * scale))
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(flags: &str) -> Result<Config, FromArgsError> {
+        Config::from_args(std::iter::once("kvgate-gateway").chain(flags.split_whitespace()))
+    }
+
+    #[test]
+    fn flags_parse() {
+        let config = parse(
+            "--listen 127.0.0.1:9000 --upstream http://localhost:11434/v1 --max-in-flight 8 --queue 16 \
+             --max-queue-wait 1.5s --rate 20 --token-rate=5000 --kv-tokens 65536 --default-max-tokens 256 --all-429",
+        )
+        .unwrap();
+        assert_eq!(config.listen, "127.0.0.1:9000".parse().unwrap());
+        assert_eq!(config.backend, BackendConfig::Upstream("http://localhost:11434/v1".into()));
+        assert_eq!((config.max_in_flight, config.queue, config.kv_tokens), (8, 16, Some(65_536)));
+        assert_eq!(config.max_queue_wait, Duration::from_millis(1500));
+        assert_eq!(config.rate, Some((20.0, 20)));
+        assert_eq!(config.token_rate, Some((5000.0, 50_000)));
+        assert_eq!((config.default_max_tokens, config.all_429), (256, true));
+        assert_eq!(parse("--max-queue-wait 250").unwrap().max_queue_wait, Duration::from_millis(250));
+        assert_eq!(parse("").unwrap(), Config::default());
+    }
+
+    #[test]
+    fn misuse_is_reported_not_panicked() {
+        for flags in [
+            "--bogus 1",
+            "--queue",
+            "--upstream https://x",
+            "--max-queue-wait 1e300s",
+            "--upstream-timeout 1e300s",
+            "--upstream-timeout 0",
+            "--header-timeout -1s",
+            "--body-timeout NaNs",
+            "--max-queue-wait 2d",
+            "--rate 0",
+            "--rate-burst 5",
+            "--max-body-bytes 0",
+            "--max-buffered-bytes 10",
+            "--default-max-tokens 0",
+        ] {
+            let err = parse(flags).expect_err(flags);
+            assert!(!err.to_string().is_empty(), "{flags}");
+        }
+        let err = parse("--max-queue-wait 1e300s").unwrap_err().to_string();
+        assert!(err.contains("--max-queue-wait") && err.contains("1 day"), "{err}");
+        assert!(
+            matches!(parse("--help"), Err(FromArgsError::Flags(e)) if e.kind() == clap::error::ErrorKind::DisplayHelp)
+        );
+    }
+
+    #[test]
+    fn the_file_fills_in_what_the_flags_leave() {
+        let dir = std::env::temp_dir().join(format!("kvgate-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("gateway.toml");
+        std::fs::write(
+            &path,
+            r#"
+max_in_flight = 4
+queue = 9
+max_queue_wait = "2s"
+rate = 5.0
+
+[tenant_defaults]
+max_in_flight = 2
+
+[[tenants]]
+name = "alice"
+keys = ["sk-alice"]
+priority = "interactive"
+request_rate = 1.0
+request_burst = 3
+"#,
+        )
+        .unwrap();
+        let config = parse(&format!("--config {} --queue 3", path.display())).unwrap();
+        assert_eq!((config.max_in_flight, config.queue), (4, 3), "flags win over the file");
+        assert_eq!(config.max_queue_wait, Duration::from_secs(2));
+        assert_eq!(config.rate, Some((5.0, 5)));
+        assert_eq!(config.tenants[0].name, "alice");
+        assert_eq!(config.tenant_defaults.as_ref().unwrap().max_in_flight, Some(2));
+        std::fs::write(&path, "max_in_flite = 4\n").unwrap();
+        let err = parse(&format!("--config {}", path.display())).unwrap_err().to_string();
+        assert!(err.contains("max_in_flite"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -1,32 +1,46 @@
-//! The gateway as a library of modules, shared by `examples/gateway/main.rs` (the binary),
-//! `examples/demo.rs` and the HTTP tests (`tests/gateway_http.rs`), which include this folder with
-//! `#[path = ".../examples/gateway/app/mod.rs"] mod app;` and start the gateway in-process.
+//! kvgate-gateway: an OpenAI-compatible admission gateway in front of one inference server (vLLM,
+//! llama.cpp's server, SGLang, Ollama, TGI), built on [`kvgate`].
 //!
-//! Request path (see [`server`]):
+//! The binary `kvgate-gateway` serves it; this library is what the binary, the demo
+//! (`examples/demo.rs`), the tests and the fuzz targets use. See `README.md` for its operation: flags, the
+//! config file, tenants, metrics and real servers.
 //!
-//! ```text
-//! POST /v1/chat/completions, /v1/completions
-//!   read_completion   axum middleware: buffers the body (limit: 413), parses and checks it (400/413
-//!                     with an OpenAI-style error; nothing is reserved), estimates prompt tokens, and puts
-//!                     the parsed `Completion` into the request's extensions
-//!   AdmissionLayer    kvgate::tower: its mapping function reads `Completion` from the extensions and
-//!                     returns `Request::new(prompt_tokens, max_tokens)`; waits in the queue or answers
-//!                     429/503 + Retry-After itself; the permit rides in the response body
-//!   handler           the simulated engine or the upstream proxy; its body streams through the permit's
-//!                     body, so the permit is returned when the last byte is sent or the client goes away
+//! | module | owns |
+//! |---|---|
+//! | [`config`] | flags (`clap`), the TOML file, [`Config`] |
+//! | [`tenants`] | API keys → tenants, their priority and limits |
+//! | [`server`] | the routes, reading a request before admission, the handler behind it |
+//! | [`conn`] | connections: cap, header and send deadlines, graceful shutdown |
+//! | [`proxy`] | forwarding to an upstream and passing its answer on |
+//! | [`sim`] | the simulated engine |
+//! | [`metrics`] | `/metrics` |
+//! | [`error`] | the gateway's own OpenAI-style errors |
+//! | [`units`] | durations read from settings, sizes written for people |
+//!
+//! # Examples
+//!
+//! ```no_run
+//! use kvgate_gateway::{Config, Gateway};
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let gateway = Gateway::new(Config { max_in_flight: 8, kv_tokens: Some(32_000), ..Config::default() })?;
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
+//! kvgate_gateway::serve_until(listener, gateway, async { let _ = tokio::signal::ctrl_c().await; }).await?;
+//! # Ok(()) }
 //! ```
 
-// Each includer (the gateway binary, the demo, the tests) uses a different part of these modules.
-#![allow(dead_code, unused_imports)]
+#![warn(missing_docs, missing_debug_implementations)]
 
 pub mod config;
+pub mod conn;
+pub mod error;
 pub mod metrics;
-pub mod openai;
 pub mod proxy;
 pub mod server;
 pub mod sim;
-pub mod tokens;
+pub mod tenants;
+pub mod units;
 
-pub use config::{ArgError, BackendConfig, Config};
-pub use server::{Gateway, serve};
+pub use config::{BackendConfig, Config, ConfigError, FromArgsError, Settings};
+pub use server::{Backend, Gateway, serve, serve_until};
 pub use sim::SimStats;

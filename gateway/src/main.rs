@@ -1,35 +1,23 @@
-//! An OpenAI-compatible admission gateway: kvgate in front of one inference server.
-//!
-//! ```text
-//! cargo run --release --example gateway --features tower -- --max-in-flight 32 --kv-tokens 200000
-//! cargo run --release --example gateway --features tower -- --upstream http://localhost:8000 \
-//!     --model llama-3.1-8b --gpu l4 --max-in-flight 64
-//! ```
-//!
-//! See `--help` for the flags and `app/metrics.rs` for the metric names. The modules under `app/` are
-//! shared with the demo (`examples/demo.rs`) and the HTTP tests (`tests/gateway_http.rs`).
+//! `kvgate-gateway`: the OpenAI-compatible admission gateway. `--help` lists the flags; the crate's
+//! `README.md` explains them.
 
-mod app;
-
-use app::{ArgError, Config, Gateway};
+use kvgate_gateway::config::FromArgsError;
+use kvgate_gateway::{BackendConfig, Config, Gateway, units};
 
 #[tokio::main]
 async fn main() {
-    let config = match Config::from_args(std::env::args().skip(1)) {
+    let config = match Config::from_args(std::env::args_os()) {
         Ok(config) => config,
-        Err(ArgError::Help) => {
-            print!("{}", app::config::USAGE);
-            return;
-        }
-        Err(ArgError::Bad(message)) => {
-            eprintln!("error: {message}");
+        Err(FromArgsError::Flags(e)) => e.exit(),
+        Err(FromArgsError::Config(e)) => {
+            eprintln!("error: {e}");
             std::process::exit(2);
         }
     };
     let gateway = match Gateway::new(config.clone()) {
         Ok(gateway) => gateway,
-        Err(message) => {
-            eprintln!("error: {message}");
+        Err(e) => {
+            eprintln!("error: {e}");
             std::process::exit(2);
         }
     };
@@ -42,20 +30,32 @@ async fn main() {
     };
     let snapshot = gateway.admission().snapshot();
     let backend = match &config.backend {
-        app::BackendConfig::Simulated { tokens_per_sec } => format!("simulated backend, {tokens_per_sec} tokens/s"),
-        app::BackendConfig::Upstream(url) => format!("upstream {url}"),
+        BackendConfig::Simulated { tokens_per_sec } => format!("simulated engine, {tokens_per_sec} tokens/s"),
+        BackendConfig::Upstream(url) => format!("upstream {}", kvgate_gateway::proxy::redact(url)),
     };
-    let kv = if snapshot.kv_capacity == u64::MAX { "unlimited".to_owned() } else { snapshot.kv_capacity.to_string() };
+    let kv = units::kv(snapshot.kv_capacity, gateway.admission().kv_in_bytes());
     eprintln!(
-        "kvgate gateway on http://{} -> {backend}; max in flight {}, queue {}, KV budget {kv}",
+        "kvgate-gateway on http://{} -> {backend}; max in flight {}, queue {}, KV budget {kv}{}",
         listener.local_addr().map_or(config.listen, |a| a),
         snapshot.max_in_flight,
         snapshot.queue_capacity,
+        if config.tenants.is_empty() { String::new() } else { format!(", {} tenants", config.tenants.len()) },
     );
     let shutdown = async {
+        #[cfg(unix)]
+        {
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("a SIGTERM handler");
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        }
+        #[cfg(not(unix))]
         let _ = tokio::signal::ctrl_c().await;
+        eprintln!("kvgate-gateway: shutting down: admission closed, running answers finish");
     };
-    if let Err(e) = axum::serve(listener, gateway.router()).with_graceful_shutdown(shutdown).await {
+    if let Err(e) = kvgate_gateway::serve_until(listener, gateway, shutdown).await {
         eprintln!("error: {e}");
         std::process::exit(1);
     }

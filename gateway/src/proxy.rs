@@ -12,34 +12,63 @@
 //! | a non-SSE body that stalls for the timeout | 504 `upstream_timeout` |
 //! | an SSE stream that breaks off / stalls for the timeout | the whole events so far, then one SSE error event (`upstream_stream_error` / `upstream_timeout`), then the end of the stream |
 //!
-//! Errors are OpenAI-shaped (`type: upstream_error`). The response ends in every case, so the
-//! permit-holding body returns the permit.
+//! | a `429` or `503` (busy, loading a model), with or without `Retry-After` / `retry-after-ms` | the same status and hints; a body that is not JSON becomes an OpenAI-style `upstream_busy` error |
+//!
+//! Errors are OpenAI-shaped (`type: upstream_error`) and never name the upstream: its address (which may
+//! carry credentials) goes only to the gateway's log, with any `user:password@` removed. The response
+//! ends in every case, so the permit-holding body returns the permit.
 //!
 //! The upstream response body becomes the client's response body (inside the permit-holding body), so
 //! when the client goes away hyper drops it, which drops reqwest's response and closes the upstream
 //! connection: vLLM and llama-server abort a generation whose client disconnected.
 
-use super::openai::{ApiError, Completion};
+use crate::error::ApiError;
 use axum::body::Body;
 use bytes::{Bytes, BytesMut};
 use futures::{Stream, StreamExt};
-use http::{HeaderMap, StatusCode};
+use http::StatusCode;
 use std::convert::Infallible;
 use std::time::Duration;
 
 /// The upstream server.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Proxy {
     client: reqwest::Client,
     /// Base URL ending in `/v1`.
     base: String,
+    /// The base URL without credentials, for logs.
+    shown: String,
     /// Longest wait for the response headers, and then between two body chunks.
     timeout: Duration,
+    /// `Authorization` sent upstream instead of the client's.
+    api_key: Option<http::HeaderValue>,
+}
+
+impl std::fmt::Debug for Proxy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Proxy").field("upstream", &self.shown).field("timeout", &self.timeout).finish_non_exhaustive()
+    }
 }
 
 /// Response headers passed through from upstream (hop-by-hop ones are left to hyper).
-const PASSED_HEADERS: &[http::HeaderName] =
-    &[http::header::CONTENT_TYPE, http::header::CACHE_CONTROL, http::header::RETRY_AFTER];
+const PASSED_HEADERS: &[&str] = &["content-type", "cache-control", "retry-after", kvgate::http::RETRY_AFTER_MS];
+
+/// `url` with any `user:password@` replaced by `***@`, for logs and messages.
+///
+/// # Examples
+///
+/// ```
+/// assert_eq!(kvgate_gateway::proxy::redact("http://me:secret@engine:8000/v1"), "http://***@engine:8000/v1");
+/// assert_eq!(kvgate_gateway::proxy::redact("http://engine:8000"), "http://engine:8000");
+/// ```
+pub fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else { return url.to_owned() };
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => format!("{scheme}://***@{}", &rest[at + 1..]),
+        None => url.to_owned(),
+    }
+}
 
 /// Largest non-streamed upstream body the proxy buffers (to check that it is JSON).
 const MAX_BUFFERED_BODY: usize = 16 << 20;
@@ -54,7 +83,7 @@ impl Proxy {
     /// # Errors
     ///
     /// A message if the HTTP client cannot be built.
-    pub fn new(url: &str, timeout: Duration) -> Result<Self, String> {
+    pub fn new(url: &str, timeout: Duration, api_key: Option<&str>) -> Result<Self, String> {
         let url = url.trim_end_matches('/');
         let base = if url.ends_with("/v1") { url.to_owned() } else { format!("{url}/v1") };
         // No system proxy: the upstream is normally on the same host or network.
@@ -62,34 +91,60 @@ impl Proxy {
             .no_proxy()
             .connect_timeout(timeout.min(Duration::from_secs(5)))
             .build()
-            .map_err(|e| e.to_string())?;
-        Ok(Self { client, base, timeout })
+            .map_err(|e| e.without_url().to_string())?;
+        let api_key = api_key
+            .map(|key| http::HeaderValue::from_str(&format!("Bearer {key}")))
+            .transpose()
+            .map_err(|_| "--upstream-api-key: not a valid header value".to_owned())?;
+        Ok(Self { client, shown: redact(&base), base, timeout, api_key })
     }
 
-    /// The base URL (ending in `/v1`).
-    pub fn base(&self) -> &str {
-        &self.base
+    /// The base URL without credentials (ending in `/v1`).
+    pub fn shown(&self) -> &str {
+        &self.shown
     }
 
-    /// Forwards a completion request; `max_tokens` is added when the client left it to the default, so
-    /// the upstream never generates more than admission reserved.
-    pub async fn complete(&self, request: &Completion, headers: &HeaderMap) -> http::Response<Body> {
-        let url = format!("{}{}", self.base, request.endpoint.path());
-        let mut upstream =
-            self.client.post(url).header(http::header::CONTENT_TYPE, "application/json").body(request.upstream_body());
-        if let Some(auth) = headers.get(http::header::AUTHORIZATION) {
-            upstream = upstream.header(http::header::AUTHORIZATION, auth);
-        }
-        self.pass_through(upstream).await
+    /// Forwards a completion request's body (every generation limit already set to the reservation).
+    /// `client_auth` is the client's `Authorization`, passed on only without an `--upstream-api-key`.
+    pub async fn complete(
+        &self,
+        path: &str,
+        body: bytes::Bytes,
+        client_auth: Option<&http::HeaderValue>,
+    ) -> http::Response<Body> {
+        let url = format!("{}{path}", self.base);
+        let upstream = self.client.post(url).header(http::header::CONTENT_TYPE, "application/json").body(body);
+        self.pass_through(self.authorize(upstream, client_auth)).await
     }
 
     /// `GET /v1/models` upstream.
-    pub async fn models(&self, headers: &HeaderMap) -> http::Response<Body> {
-        let mut upstream = self.client.get(format!("{}/models", self.base));
-        if let Some(auth) = headers.get(http::header::AUTHORIZATION) {
-            upstream = upstream.header(http::header::AUTHORIZATION, auth);
+    pub async fn models(&self, client_auth: Option<&http::HeaderValue>) -> http::Response<Body> {
+        let upstream = self.client.get(format!("{}/models", self.base));
+        self.pass_through(self.authorize(upstream, client_auth)).await
+    }
+
+    fn authorize(
+        &self,
+        upstream: reqwest::RequestBuilder,
+        client_auth: Option<&http::HeaderValue>,
+    ) -> reqwest::RequestBuilder {
+        match self.api_key.as_ref().or(client_auth) {
+            Some(auth) => upstream.header(http::header::AUTHORIZATION, auth),
+            None => upstream,
         }
-        self.pass_through(upstream).await
+    }
+
+    /// Logs what went wrong with the upstream (its address without credentials, the error without its
+    /// URL) and returns the error the client gets, which names neither.
+    fn fail(
+        &self,
+        status: StatusCode,
+        code: &'static str,
+        client_message: &str,
+        detail: &dyn std::fmt::Display,
+    ) -> ApiError {
+        eprintln!("kvgate-gateway: upstream {}: {code}: {detail}", self.shown);
+        ApiError::new(status, code, client_message)
     }
 
     /// Sends the request and passes the answer on: an SSE stream event by event, anything else buffered
@@ -100,18 +155,24 @@ impl Proxy {
             Ok(Ok(response)) => response,
             Ok(Err(e)) => {
                 let status = if e.is_timeout() { StatusCode::GATEWAY_TIMEOUT } else { StatusCode::BAD_GATEWAY };
-                return self.error(status, "upstream_unreachable", format!("upstream {} unreachable: {e}", self.base));
+                let e = e.without_url();
+                let detail: &dyn std::fmt::Display = &e;
+                return self
+                    .fail(status, "upstream_unreachable", "the inference server could not be reached", detail)
+                    .into_response_body();
             }
             Err(_) => {
-                let message = format!("upstream {} sent no response within {:?}", self.base, self.timeout);
-                return self.error(StatusCode::GATEWAY_TIMEOUT, "upstream_timeout", message);
+                let message = format!("the inference server sent no response within {:?}", self.timeout);
+                return self
+                    .fail(StatusCode::GATEWAY_TIMEOUT, "upstream_timeout", &message, &"no response headers")
+                    .into_response_body();
             }
         };
         let status = response.status();
         let mut builder = http::Response::builder().status(status.as_u16());
         for name in PASSED_HEADERS {
-            if let Some(value) = response.headers().get(name) {
-                builder = builder.header(name, value.as_bytes());
+            if let Some(value) = response.headers().get(*name) {
+                builder = builder.header(*name, value.as_bytes());
             }
         }
         let is_sse = response
@@ -120,23 +181,33 @@ impl Proxy {
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.starts_with("text/event-stream"));
         if is_sse && status.is_success() {
-            let events = sse_events(response.bytes_stream(), self.timeout, self.base.clone());
+            let events = sse_events(response.bytes_stream(), self.timeout, self.shown.clone());
             return builder.body(Body::from_stream(events)).expect("a valid response");
         }
         let body = match self.read_body(response).await {
             Ok(body) => body,
-            Err(e) => return e.to_response().map(Body::from),
+            Err(e) => return e.into_response_body(),
         };
-        if serde_json::from_slice::<serde::de::IgnoredAny>(&body).is_err() {
-            let message = format!(
-                "upstream {} answered HTTP {} with a body that is not JSON ({} bytes)",
-                self.base,
-                status.as_u16(),
-                body.len()
-            );
-            return self.error(StatusCode::BAD_GATEWAY, "upstream_bad_response", message);
+        if serde_json::from_slice::<serde::de::IgnoredAny>(&body).is_ok() {
+            return builder.body(Body::from(body)).expect("a valid response");
         }
-        builder.body(Body::from(body)).expect("a valid response")
+        let detail = format!("HTTP {} with a body that is not JSON ({} bytes)", status.as_u16(), body.len());
+        if status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE {
+            // The engine is busy (or loading its model): its status and its hints go to the client, so the
+            // client retries when the engine said, not at once.
+            let message = "the inference server is busy; retry after the time in Retry-After";
+            let error = self.fail(status, "upstream_busy", message, &detail).to_response();
+            let (parts, _) = builder.body(()).expect("a valid response").into_parts();
+            let mut response = error.map(Body::from);
+            for name in ["retry-after", kvgate::http::RETRY_AFTER_MS] {
+                if let Some(value) = parts.headers.get(name) {
+                    response.headers_mut().insert(name, value.clone());
+                }
+            }
+            return response;
+        }
+        let message = "the inference server answered with something that is not an OpenAI-compatible response";
+        self.fail(StatusCode::BAD_GATEWAY, "upstream_bad_response", message, &detail).into_response_body()
     }
 
     /// The whole body, each chunk within the timeout, at most [`MAX_BUFFERED_BODY`] bytes.
@@ -148,28 +219,27 @@ impl Proxy {
                 Ok(None) => return Ok(body.freeze()),
                 Ok(Some(Ok(chunk))) if body.len() + chunk.len() <= MAX_BUFFERED_BODY => body.extend_from_slice(&chunk),
                 Ok(Some(Ok(_))) => {
-                    let message = format!("upstream {} answered with more than {MAX_BUFFERED_BODY} bytes", self.base);
-                    return Err(api_error(StatusCode::BAD_GATEWAY, "upstream_bad_response", message));
+                    let message = "the inference server's answer is too large";
+                    let detail = format!("more than {MAX_BUFFERED_BODY} bytes");
+                    return Err(self.fail(StatusCode::BAD_GATEWAY, "upstream_bad_response", message, &detail));
                 }
                 Ok(Some(Err(e))) => {
-                    let message = format!("upstream {} broke off its answer: {e}", self.base);
-                    return Err(api_error(StatusCode::BAD_GATEWAY, "upstream_bad_response", message));
+                    let message = "the inference server broke off its answer";
+                    return Err(self.fail(StatusCode::BAD_GATEWAY, "upstream_bad_response", message, &e.without_url()));
                 }
                 Err(_) => {
-                    let message = format!("upstream {} stalled mid-answer for {:?}", self.base, self.timeout);
-                    return Err(api_error(StatusCode::GATEWAY_TIMEOUT, "upstream_timeout", message));
+                    let message = format!("the inference server stalled mid-answer for {:?}", self.timeout);
+                    return Err(self.fail(StatusCode::GATEWAY_TIMEOUT, "upstream_timeout", &message, &"stalled"));
                 }
             }
         }
     }
-
-    fn error(&self, status: StatusCode, code: &'static str, message: String) -> http::Response<Body> {
-        api_error(status, code, message).to_response().map(Body::from)
-    }
 }
 
-fn api_error(status: StatusCode, code: &'static str, message: String) -> ApiError {
-    ApiError { status, message, code }
+impl ApiError {
+    fn into_response_body(self) -> http::Response<Body> {
+        self.to_response().map(Body::from)
+    }
 }
 
 /// Passes an upstream SSE stream on whole events at a time (a partial event is held until its blank
@@ -178,7 +248,7 @@ fn api_error(status: StatusCode, code: &'static str, message: String) -> ApiErro
 fn sse_events(
     upstream: impl Stream<Item = reqwest::Result<Bytes>> + Send + 'static,
     timeout: Duration,
-    base: String,
+    shown: String,
 ) -> impl Stream<Item = Result<Bytes, Infallible>> + Send + 'static {
     struct State<S> {
         upstream: std::pin::Pin<Box<S>>,
@@ -187,7 +257,7 @@ fn sse_events(
     }
     let state = State { upstream: Box::pin(upstream), partial: BytesMut::new(), done: false };
     futures::stream::unfold(state, move |mut state| {
-        let base = base.clone();
+        let shown = shown.clone();
         async move {
             if state.done {
                 return None;
@@ -208,14 +278,20 @@ fn sse_events(
                         let rest = state.partial.split().freeze();
                         return (!rest.is_empty()).then_some((Ok(rest), state));
                     }
-                    Ok(Some(Err(e))) => ("upstream_stream_error", format!("upstream {base} broke off the stream: {e}")),
-                    Err(_) => ("upstream_timeout", format!("upstream {base} stalled mid-stream for {timeout:?}")),
+                    Ok(Some(Err(e))) => {
+                        eprintln!("kvgate-gateway: upstream {shown}: stream broken: {}", e.without_url());
+                        ("upstream_stream_error", "the inference server broke off the stream".to_owned())
+                    }
+                    Err(_) => {
+                        eprintln!("kvgate-gateway: upstream {shown}: stream stalled for {timeout:?}");
+                        ("upstream_timeout", format!("the inference server stalled mid-stream for {timeout:?}"))
+                    }
                 };
                 state.done = true;
                 let error = serde_json::json!({
                     "error": { "message": message, "type": "upstream_error", "param": null, "code": code }
                 });
-                return Some((Ok(super::openai::sse(&error)), state));
+                return Some((Ok(crate::sim::sse(&error)), state));
             }
         }
     })
