@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Soak test: the gateway example with its simulated backend under sustained ~3x overload for MINUTES
+# Soak test: the gateway (kvgate-gateway) with its simulated backend under sustained ~3x overload for MINUTES
 # (default 10), sampling resident memory and /metrics into target/soak/soak.csv, then checking that
 # memory stayed flat, the counters drained to 0, and every answer was 200, 429 or 503.
 #
@@ -17,10 +17,10 @@ target="${CARGO_TARGET_DIR:-target}"
 out="target/soak"
 mkdir -p "$out"
 
-cargo build --release --example gateway --example loadgen
+cargo build --release -p kvgate-gateway --bin kvgate-gateway --example loadgen
 
 # A free loopback port: the gateway binds port 0 and prints the address it got.
-"$target/release/examples/gateway" --listen 127.0.0.1:0 \
+"$target/release/kvgate-gateway" --listen 127.0.0.1:0 \
     --max-in-flight 16 --queue 16 --max-queue-wait 2s --rate 25 --kv-tokens 6000 \
     --sim-tokens-per-sec 100 2>"$out/gateway.log" &
 gateway_pid=$!

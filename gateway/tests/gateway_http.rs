@@ -252,11 +252,26 @@ async fn malformed_requests_get_400_or_413_and_hold_nothing() {
         assert_eq!(error["error"]["code"], *code, "{body}: {error}");
         assert_eq!(error["error"]["type"], "invalid_request_error");
     }
-    // A body over the limit.
-    let huge = format!(r#"{{"messages":[{{"role":"user","content":"{}"}}]}}"#, "x".repeat(5 << 20));
-    let response = http.post(format!("http://{addr}/v1/chat/completions")).body(huge).send().await.unwrap();
-    assert_eq!(response.status(), 413);
-    assert_eq!(assert_error_body(&response.text().await.unwrap())["error"]["code"], "body_too_large");
+    // A body over the limit, declared: the 413 comes before the body is read, and the connection closes
+    // (the client sends only the headers here, so it reads the answer whole).
+    let mut raw = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let head = "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 5242880\r\n\r\n{\"messages\"";
+    tokio::io::AsyncWriteExt::write_all(&mut raw, head.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    let read = tokio::io::AsyncReadExt::read_to_end(&mut raw, &mut answer);
+    let _ = tokio::time::timeout(Duration::from_secs(20), read).await;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert!(answer.contains("body_too_large") && answer.contains("connection: close"), "{answer}");
+    // Undeclared (chunked), the limit cuts the read short: a 413 — or, if the client is still writing when
+    // the connection closes, a broken pipe on its side. Either way nothing is held.
+    let chunks = futures::stream::iter((0..80).map(|_| Ok::<_, std::io::Error>(vec![b'x'; 64 << 10])));
+    let sent =
+        http.post(format!("http://{addr}/v1/chat/completions")).body(reqwest::Body::wrap_stream(chunks)).send().await;
+    if let Ok(response) = sent {
+        assert_eq!(response.status(), 413);
+        assert_eq!(assert_error_body(&response.text().await.unwrap())["error"]["code"], "body_too_large");
+    }
 
     let snapshot = gateway.admission().snapshot();
     assert_eq!((snapshot.in_flight, snapshot.kv_used, snapshot.admitted), (0, 0, 0), "{snapshot:?}");
