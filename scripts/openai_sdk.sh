@@ -24,13 +24,14 @@ cargo build --quiet -p kvgate-gateway --bin kvgate-gateway
 cat > "$out/gateway.toml" <<'TOML'
 max_in_flight = 8
 kv_tokens = 20000
-rate = 100.0
 token_rate = 50000.0
 
 [[tenants]]
 name = "sdk"
 keys = ["sk-sdk"]
 priority = "interactive"
+request_rate = 0.5
+request_burst = 1000
 
 [[tenants]]
 name = "slow"

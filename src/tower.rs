@@ -413,6 +413,7 @@ where
             settings: self.settings,
             counter: Some(self.counter.clone()),
             tenant: None,
+            rates: None,
         }
     }
 }
@@ -505,6 +506,9 @@ where
     counter: Option<K>,
     /// The mapped request's tenant, for the rate-limit headers (`None` before mapping or without one).
     tenant: Option<Option<crate::TenantId>>,
+    /// The rates as admission left them: read when the request was admitted or refused, so that the
+    /// headers say what remains after this request, not what refilled while it ran.
+    rates: Option<crate::RateLimitStatus>,
 }
 
 impl<S, M, ReqBody, C, K, ResBody> Future for ResponseFuture<S, M, ReqBody, C, K>
@@ -538,7 +542,13 @@ where
                 },
                 StateProj::Answer { response } => {
                     let mut response = response.take().expect(DONE);
-                    add_rate_limit_headers(this.admission, this.settings, *this.tenant, response.headers_mut());
+                    add_rate_limit_headers(
+                        this.admission,
+                        this.settings,
+                        *this.tenant,
+                        *this.rates,
+                        response.headers_mut(),
+                    );
                     return Poll::Ready(Ok(response.map(AdmissionBody::full)));
                 }
                 StateProj::Admitting { admitting, service, request } => {
@@ -546,6 +556,9 @@ where
                         Admitting::Wait(admit) => ready!(Pin::new(admit).poll(cx)),
                         Admitting::Try(admit_request) => this.admission.try_admit(admit_request),
                     };
+                    if let (true, Some(tenant)) = (this.settings.rate_limit_headers, *this.tenant) {
+                        *this.rates = Some(this.admission.rate_status(tenant));
+                    }
                     match admitted {
                         Ok(permit) => {
                             let mut service = service.take().expect(DONE);
@@ -565,7 +578,13 @@ where
                     return Poll::Ready(match result {
                         Ok(mut response) => {
                             let counter = this.counter.take().expect(DONE);
-                            add_rate_limit_headers(this.admission, this.settings, *this.tenant, response.headers_mut());
+                            add_rate_limit_headers(
+                                this.admission,
+                                this.settings,
+                                *this.tenant,
+                                *this.rates,
+                                response.headers_mut(),
+                            );
                             Ok(response
                                 .map(|body| AdmissionBody::admitted(PermitBody::new(body, permit).count_with(counter))))
                         }
@@ -581,15 +600,17 @@ where
     }
 }
 
-/// Adds the `x-ratelimit-*` headers of a mapped request's rates, if the layer adds them.
+/// Adds the `x-ratelimit-*` headers of a mapped request's rates (as read at admission, else now), if
+/// the layer adds them.
 fn add_rate_limit_headers<C: Clock>(
     admission: &Admission<C>,
     settings: &Settings,
     tenant: Option<Option<crate::TenantId>>,
+    rates: Option<crate::RateLimitStatus>,
     headers: &mut ::http::HeaderMap,
 ) {
     if let (true, Some(tenant)) = (settings.rate_limit_headers, tenant) {
-        insert_rate_limit_headers(headers, &admission.rate_status(tenant));
+        insert_rate_limit_headers(headers, &rates.unwrap_or_else(|| admission.rate_status(tenant)));
     }
 }
 
