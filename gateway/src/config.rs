@@ -258,10 +258,10 @@ pub struct Settings {
     /// Answer every retryable rejection with 429 (for clients that retry only on 429).
     #[arg(long)]
     pub all_429: bool,
-    /// Limits of every tenant without its own (file only: [tenant_defaults]).
+    /// Limits of every tenant without its own (file only: `[tenant_defaults]`).
     #[arg(skip)]
     pub tenant_defaults: Option<TenantLimitsConfig>,
-    /// Named tenants with their API keys (file only: [[tenants]]).
+    /// Named tenants with their API keys (file only: `[[tenants]]`).
     #[arg(skip)]
     pub tenants: Vec<TenantConfig>,
 }

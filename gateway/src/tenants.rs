@@ -6,7 +6,7 @@
 //! client's key is never sent upstream then (`--upstream-api-key` is).
 //!
 //! The names are what operators see: in `/metrics` labels and in logs, never the 64-bit
-//! [`TenantId`](kvgate::TenantId) hash.
+//! [`kvgate::TenantId`] hash.
 
 use kvgate::{Priority, TenantId, TenantLimits};
 use serde::Deserialize;

@@ -60,7 +60,11 @@ impl<F: Fn(&str) -> u32 + Send + Sync> PromptEstimator for F {
 }
 
 /// The default estimate: ⌈bytes / 4⌉ per text, 4 tokens per message, 3 for the reply, 256 per media
-/// part (see the [module docs](self) for its error).
+/// part. Its error against real BPE tokenizers (Llama 3, Qwen 2.5, GPT-4o): within about ±25% on English
+/// prose; usually 20–50% *under* on source code, JSON and numbers; up to about 2× under on Chinese,
+/// Japanese and Korean (3 bytes a character gives 0.75 tokens a character, tokenizers produce 1–1.5).
+/// An underestimate overcommits the KV budget by that much: for code or CJK traffic, plug in the model's
+/// tokenizer through [`PromptEstimator`], or lower the budget.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Heuristic;
 
