@@ -34,7 +34,7 @@ fi
 if [ ! -x "$server" ]; then
     src="$work/src-$version"
     if [ ! -d "$src" ]; then
-        "$venv/bin/pip" download --quiet --disable-pip-version-check --no-deps --no-binary :all: \
+        "$venv/bin/pip" download --quiet --disable-pip-version-check --no-deps --no-binary llama-cpp-python \
             "llama-cpp-python==$version" -d "$work/sdist"
         mkdir -p "$src"
         tar -xzf "$work/sdist/llama_cpp_python-$version.tar.gz" -C "$src" --strip-components=1
