@@ -14,17 +14,19 @@
 #
 #   scripts/real_engine.sh
 #
-# The build is cached in target/real-engine/ (about 10 minutes on 2 cores the first time, nothing after).
-# Needs python3 with venv, a C++ compiler and make; cmake comes from PyPI. Exits non-zero when a check
-# fails. LLAMA_CPP_PYTHON_VERSION picks the source package (default below).
+# The build is cached in $REAL_ENGINE_CACHE (default ~/.cache/kvgate/real-engine; about 12 minutes on
+# 2 cores the first time, nothing after); logs go to target/real-engine/. Needs python3 with venv, a C++
+# compiler and make; cmake comes from PyPI. Exits non-zero when a check fails.
+# LLAMA_CPP_PYTHON_VERSION picks the source package (default below).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 version="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
 target="${CARGO_TARGET_DIR:-target}"
+cache="${REAL_ENGINE_CACHE:-$HOME/.cache/kvgate/real-engine}"
 work="target/real-engine"
-venv="$work/venv"
-server="$work/llama-server-$version"
-mkdir -p "$work"
+venv="$cache/venv"
+server="$cache/llama-server-$version"
+mkdir -p "$work" "$cache"
 
 if [ ! -x "$venv/bin/python" ]; then
     python3 -m venv "$venv"
@@ -32,14 +34,14 @@ fi
 "$venv/bin/pip" install --quiet --disable-pip-version-check gguf numpy cmake
 
 if [ ! -x "$server" ]; then
-    src="$work/src-$version"
+    src="$cache/src-$version"
     if [ ! -d "$src" ]; then
         "$venv/bin/pip" download --quiet --disable-pip-version-check --no-deps --no-binary llama-cpp-python \
-            "llama-cpp-python==$version" -d "$work/sdist"
+            "llama-cpp-python==$version" -d "$cache/sdist"
         mkdir -p "$src"
-        tar -xzf "$work/sdist/llama_cpp_python-$version.tar.gz" -C "$src" --strip-components=1
+        tar -xzf "$cache/sdist/llama_cpp_python-$version.tar.gz" -C "$src" --strip-components=1
     fi
-    build="$work/build-$version"
+    build="$cache/build-$version"
     "$venv/bin/cmake" -S "$src/vendor/llama.cpp" -B "$build" -DCMAKE_BUILD_TYPE=Release \
         -DLLAMA_CURL=OFF -DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
         -DLLAMA_BUILD_SERVER=ON -DBUILD_SHARED_LIBS=OFF >"$work/cmake.log"
@@ -48,8 +50,8 @@ if [ ! -x "$server" ]; then
 fi
 "$server" --version 2>&1 | head -n 2
 
-model="$work/tiny.gguf"
-[ -f "$model" ] || "$venv/bin/python" scripts/real_engine_model.py "$model"
+model="$cache/tiny-wide.gguf"
+[ -f "$model" ] || "$venv/bin/python" scripts/real_engine_model.py "$model" --wide
 
 cargo build --quiet -p kvgate-gateway --bin kvgate-gateway
 "$venv/bin/python" scripts/real_engine_test.py "$server" "$model" "$target/debug/kvgate-gateway" "$work"

@@ -3,7 +3,10 @@ weights: 2 layers, 64-wide, 4 attention heads (2 KV heads), a 256-token context,
 SentencePiece vocabulary (<unk>, <s>, </s>, the 128 ASCII bytes as <0xNN>, '▁' and a-z). It generates
 noise, fast, which is all the gateway's tests need: tokens, streams, limits, cancellation.
 
-Usage: real_engine_model.py OUT.gguf
+Usage: real_engine_model.py OUT.gguf [--wide]
+
+`--wide` writes a larger one (8 layers, 512-wide, about 130 MB) that takes the server a moment to load:
+long enough for requests to meet its "Loading model" answer.
 """
 
 import sys
@@ -11,7 +14,8 @@ import sys
 import gguf
 import numpy as np
 
-N_EMBD, N_HEAD, N_HEAD_KV, N_FF, N_LAYER, N_CTX = 64, 4, 2, 128, 2, 256
+WIDE = "--wide" in sys.argv[2:]
+N_EMBD, N_HEAD, N_HEAD_KV, N_FF, N_LAYER, N_CTX = (512, 8, 4, 2048, 8, 512) if WIDE else (64, 4, 2, 128, 2, 256)
 HEAD_DIM = N_EMBD // N_HEAD
 
 
