@@ -20,7 +20,7 @@ use crate::error::ApiError;
 use crate::metrics;
 use crate::proxy::Proxy;
 use crate::sim::{SimBackend, SimConfig, SimStats};
-use crate::tenants::{Caller, KeyError, Keys};
+use crate::tenants::{KeyError, Keys};
 use crate::units;
 use axum::Router;
 use axum::body::Body;
@@ -84,7 +84,6 @@ impl std::fmt::Debug for Gateway {
 /// What `read` hands to `complete`: the checked request (its body to forward) and what it holds.
 struct Forward {
     completion: CompletionRequest,
-    caller: Option<Caller>,
     /// The client's `Authorization`, passed upstream only when the gateway has no tenants of its own.
     client_auth: Option<HeaderValue>,
     /// The share of the body budget this request holds until it has been forwarded.
@@ -380,7 +379,7 @@ async fn read(
     }
     let client_auth =
         if inner.keys.required() { None } else { parts.headers.get(http::header::AUTHORIZATION).cloned() };
-    let forward = Forward { completion, caller, client_auth, _budget: budget };
+    let forward = Forward { completion, client_auth, _budget: budget };
     Ok((admit, http::Request::from_parts(parts, forward)))
 }
 
@@ -400,11 +399,7 @@ async fn complete(gateway: Gateway, request: http::Request<Forward>) -> Result<R
             proxy.complete(path, body, forward.client_auth.as_ref()).await
         }
     };
-    let mut response = response.into_response();
-    if let Some(caller) = &forward.caller {
-        response.extensions_mut().insert(caller.clone());
-    }
-    Ok(response)
+    Ok(response.into_response())
 }
 
 /// Counts each answer to a completion request by status and tenant name.
