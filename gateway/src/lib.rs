@@ -7,7 +7,8 @@
 //!
 //! | module | owns |
 //! |---|---|
-//! | [`config`] | flags (`clap`), the TOML file, [`Config`] |
+//! | [`config`] | [`Config`]: what a gateway is built from |
+//! | `settings` (feature `cli`) | flags (`clap`) and the TOML file that make a [`Config`] |
 //! | [`tenants`] | API keys → tenants, their priority and limits |
 //! | [`server`] | the routes, reading a request before admission, the handler behind it |
 //! | [`conn`] | connections: cap, header and send deadlines, graceful shutdown |
@@ -37,10 +38,14 @@ pub mod error;
 pub mod metrics;
 pub mod proxy;
 pub mod server;
+#[cfg(feature = "cli")]
+pub mod settings;
 pub mod sim;
 pub mod tenants;
 pub mod units;
 
-pub use config::{BackendConfig, Config, ConfigError, FromArgsError, Settings};
+pub use config::{BackendConfig, Config, ConfigError};
 pub use server::{Backend, Gateway, serve, serve_until};
+#[cfg(feature = "cli")]
+pub use settings::{FromArgsError, Settings};
 pub use sim::SimStats;

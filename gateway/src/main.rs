@@ -1,7 +1,7 @@
 //! `kvgate-gateway`: the OpenAI-compatible admission gateway. `--help` lists the flags; the crate's
 //! `README.md` explains them.
 
-use kvgate_gateway::config::FromArgsError;
+use kvgate_gateway::settings::FromArgsError;
 use kvgate_gateway::{BackendConfig, Config, Gateway, units};
 
 #[tokio::main]

@@ -19,7 +19,7 @@
 //! ends in every case, so the permit-holding body returns the permit.
 //!
 //! The upstream response body becomes the client's response body (inside the permit-holding body), so
-//! when the client goes away hyper drops it, which drops reqwest's response and closes the upstream
+//! when the client goes away hyper drops it, which drops the upstream response and closes the upstream
 //! connection: vLLM and llama-server abort a generation whose client disconnected.
 
 use crate::error::ApiError;
@@ -27,13 +27,21 @@ use axum::body::Body;
 use bytes::{Bytes, BytesMut};
 use futures::{Stream, StreamExt};
 use http::StatusCode;
+use http_body_util::{BodyDataStream, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
 use std::convert::Infallible;
 use std::time::Duration;
+
+/// The upstream client: hyper's, over plain TCP (no TLS, no system proxy: the engine is on the same host
+/// or network), with a connection pool.
+type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
 /// The upstream server.
 #[derive(Clone)]
 pub struct Proxy {
-    client: reqwest::Client,
+    client: HttpClient,
     /// Base URL ending in `/v1`.
     base: String,
     /// The base URL without credentials, for logs.
@@ -82,16 +90,18 @@ impl Proxy {
     ///
     /// # Errors
     ///
-    /// A message if the HTTP client cannot be built.
+    /// A message if the URL is not a valid `http://` URL or the API key not a valid header value.
     pub fn new(url: &str, timeout: Duration, api_key: Option<&str>) -> Result<Self, String> {
         let url = url.trim_end_matches('/');
         let base = if url.ends_with("/v1") { url.to_owned() } else { format!("{url}/v1") };
-        // No system proxy: the upstream is normally on the same host or network.
-        let client = reqwest::Client::builder()
-            .no_proxy()
-            .connect_timeout(timeout.min(Duration::from_secs(5)))
-            .build()
-            .map_err(|e| e.without_url().to_string())?;
+        match base.parse::<http::Uri>() {
+            Ok(uri) if uri.scheme_str() == Some("http") && uri.host().is_some() => {}
+            _ => return Err(format!("--upstream {}: not a valid http:// URL", redact(&base))),
+        }
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(timeout.min(Duration::from_secs(5))));
+        connector.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new()).build(connector);
         let api_key = api_key
             .map(|key| http::HeaderValue::from_str(&format!("Bearer {key}")))
             .transpose()
@@ -112,25 +122,30 @@ impl Proxy {
         body: bytes::Bytes,
         client_auth: Option<&http::HeaderValue>,
     ) -> http::Response<Body> {
-        let url = format!("{}{path}", self.base);
-        let upstream = self.client.post(url).header(http::header::CONTENT_TYPE, "application/json").body(body);
-        self.pass_through(self.authorize(upstream, client_auth)).await
+        let request = self
+            .request(http::Method::POST, path, client_auth)
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .body(Full::new(body));
+        self.pass_through(request).await
     }
 
     /// `GET /v1/models` upstream.
     pub async fn models(&self, client_auth: Option<&http::HeaderValue>) -> http::Response<Body> {
-        let upstream = self.client.get(format!("{}/models", self.base));
-        self.pass_through(self.authorize(upstream, client_auth)).await
+        let request = self.request(http::Method::GET, "/models", client_auth).body(Full::default());
+        self.pass_through(request).await
     }
 
-    fn authorize(
+    /// A request to `path` under the base URL, with the upstream key (or the client's).
+    fn request(
         &self,
-        upstream: reqwest::RequestBuilder,
+        method: http::Method,
+        path: &str,
         client_auth: Option<&http::HeaderValue>,
-    ) -> reqwest::RequestBuilder {
+    ) -> http::request::Builder {
+        let builder = http::Request::builder().method(method).uri(format!("{}{path}", self.base));
         match self.api_key.as_ref().or(client_auth) {
-            Some(auth) => upstream.header(http::header::AUTHORIZATION, auth),
-            None => upstream,
+            Some(auth) => builder.header(http::header::AUTHORIZATION, auth),
+            None => builder,
         }
     }
 
@@ -144,19 +159,26 @@ impl Proxy {
         detail: &dyn std::fmt::Display,
     ) -> ApiError {
         eprintln!("kvgate-gateway: upstream {}: {code}: {detail}", self.shown);
+        crate::metrics::upstream_error(code);
         ApiError::new(status, code, client_message)
     }
 
     /// Sends the request and passes the answer on: an SSE stream event by event, anything else buffered
     /// and checked to be JSON. A hung, reset or garbled upstream becomes a 504 or 502 with an OpenAI-style
     /// error; a stream that breaks or stalls after it started ends with an SSE error event.
-    async fn pass_through(&self, upstream: reqwest::RequestBuilder) -> http::Response<Body> {
-        let response = match tokio::time::timeout(self.timeout, upstream.send()).await {
+    async fn pass_through(&self, request: http::Result<http::Request<Full<Bytes>>>) -> http::Response<Body> {
+        let request = match request {
+            Ok(request) => request,
+            Err(e) => {
+                let message = "the request to the inference server could not be built";
+                return self.fail(StatusCode::BAD_GATEWAY, "upstream_unreachable", message, &e).into_response_body();
+            }
+        };
+        let response = match tokio::time::timeout(self.timeout, self.client.request(request)).await {
             Ok(Ok(response)) => response,
             Ok(Err(e)) => {
-                let status = if e.is_timeout() { StatusCode::GATEWAY_TIMEOUT } else { StatusCode::BAD_GATEWAY };
-                let e = e.without_url();
-                let detail: &dyn std::fmt::Display = &e;
+                let status = if is_timeout(&e) { StatusCode::GATEWAY_TIMEOUT } else { StatusCode::BAD_GATEWAY };
+                let detail: &dyn std::fmt::Display = &ErrorChain(&e);
                 return self
                     .fail(status, "upstream_unreachable", "the inference server could not be reached", detail)
                     .into_response_body();
@@ -181,7 +203,7 @@ impl Proxy {
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.starts_with("text/event-stream"));
         if is_sse && status.is_success() {
-            let events = sse_events(response.bytes_stream(), self.timeout, self.shown.clone());
+            let events = sse_events(BodyDataStream::new(response.into_body()), self.timeout, self.shown.clone());
             return builder.body(Body::from_stream(events)).expect("a valid response");
         }
         let body = match self.read_body(response).await {
@@ -211,8 +233,8 @@ impl Proxy {
     }
 
     /// The whole body, each chunk within the timeout, at most [`MAX_BUFFERED_BODY`] bytes.
-    async fn read_body(&self, response: reqwest::Response) -> Result<Bytes, ApiError> {
-        let mut chunks = response.bytes_stream();
+    async fn read_body(&self, response: http::Response<hyper::body::Incoming>) -> Result<Bytes, ApiError> {
+        let mut chunks = BodyDataStream::new(response.into_body());
         let mut body = BytesMut::new();
         loop {
             match tokio::time::timeout(self.timeout, chunks.next()).await {
@@ -225,7 +247,7 @@ impl Proxy {
                 }
                 Ok(Some(Err(e))) => {
                     let message = "the inference server broke off its answer";
-                    return Err(self.fail(StatusCode::BAD_GATEWAY, "upstream_bad_response", message, &e.without_url()));
+                    return Err(self.fail(StatusCode::BAD_GATEWAY, "upstream_bad_response", message, &e));
                 }
                 Err(_) => {
                     let message = format!("the inference server stalled mid-answer for {:?}", self.timeout);
@@ -246,7 +268,7 @@ impl ApiError {
 /// line arrives), so that when the upstream breaks off or stalls for `timeout`, the client's stream can
 /// end cleanly with one OpenAI-style error event instead of half an event.
 fn sse_events(
-    upstream: impl Stream<Item = reqwest::Result<Bytes>> + Send + 'static,
+    upstream: impl Stream<Item = Result<Bytes, hyper::Error>> + Send + 'static,
     timeout: Duration,
     shown: String,
 ) -> impl Stream<Item = Result<Bytes, Infallible>> + Send + 'static {
@@ -279,7 +301,7 @@ fn sse_events(
                         return (!rest.is_empty()).then_some((Ok(rest), state));
                     }
                     Ok(Some(Err(e))) => {
-                        eprintln!("kvgate-gateway: upstream {shown}: stream broken: {}", e.without_url());
+                        eprintln!("kvgate-gateway: upstream {shown}: stream broken: {}", ErrorChain(&e));
                         ("upstream_stream_error", "the inference server broke off the stream".to_owned())
                     }
                     Err(_) => {
@@ -304,4 +326,31 @@ fn events_end(buf: &[u8]) -> Option<usize> {
         .rev()
         .find(|&i| buf[i] == b'\n' && (buf[i - 1] == b'\n' || (i >= 3 && buf[i - 1] == b'\r' && buf[i - 2] == b'\n')))
         .map(|i| i + 1)
+}
+
+/// Whether a client error is a timeout (connecting, or below).
+fn is_timeout(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut source = Some(error);
+    while let Some(e) = source {
+        if e.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut) {
+            return true;
+        }
+        source = e.source();
+    }
+    false
+}
+
+/// An error with its sources, `: `-separated, for logs (hyper's errors say little on their own).
+struct ErrorChain<'a>(&'a (dyn std::error::Error + 'static));
+
+impl std::fmt::Display for ErrorChain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut source = self.0.source();
+        while let Some(e) = source {
+            write!(f, ": {e}")?;
+            source = e.source();
+        }
+        Ok(())
+    }
 }
