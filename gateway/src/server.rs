@@ -47,8 +47,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 pub enum Backend {
     /// The built-in simulated engine.
     Simulated(Arc<SimBackend>),
-    /// An OpenAI-compatible server.
-    Upstream(Proxy),
+    /// An OpenAI-compatible server (boxed: the client and its pool are large, the enum is cloned).
+    Upstream(Box<Proxy>),
 }
 
 /// A configured gateway: the admission, the backend, the request reader. Cheap to clone (shared state).
@@ -152,10 +152,10 @@ impl Gateway {
                 max_seqs: config.max_in_flight,
                 kv_budget: admission.snapshot().kv_capacity,
             })),
-            BackendConfig::Upstream(url) => Backend::Upstream(
+            BackendConfig::Upstream(url) => Backend::Upstream(Box::new(
                 Proxy::new(url, config.upstream_timeout, config.upstream_api_key.as_deref())
                     .map_err(ConfigError::Conflict)?,
-            ),
+            )),
         };
         let served_model = config.model.clone().unwrap_or_else(|| match backend {
             Backend::Simulated(_) => "kvgate-sim".into(),
