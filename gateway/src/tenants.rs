@@ -197,3 +197,21 @@ mod tests {
         assert!(Keys::new(&twice).is_err());
     }
 }
+
+#[cfg(all(test, feature = "cli"))]
+mod file_tests {
+    use super::*;
+
+    #[derive(Debug, Deserialize)]
+    struct File {
+        tenants: Vec<TenantConfig>,
+    }
+
+    #[test]
+    fn a_misspelled_tenant_key_is_an_error() {
+        let ok = toml::from_str::<File>("[[tenants]]\nname = \"a\"\nkeys = [\"k\"]\nmax_in_flight = 2\n");
+        assert_eq!(ok.unwrap().tenants[0].limits.max_in_flight, Some(2));
+        let typo = toml::from_str::<File>("[[tenants]]\nname = \"a\"\nkeys = [\"k\"]\nmax_inflight = 2\n");
+        assert!(typo.is_err(), "a misspelled limit was ignored");
+    }
+}
