@@ -15,7 +15,11 @@ mod telemetry;
 
 #[cfg(feature = "http-body")]
 pub mod http;
+#[cfg(feature = "openai")]
+#[cfg_attr(docsrs, doc(cfg(feature = "openai")))]
+pub mod openai;
 #[cfg(feature = "sim")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sim")))]
 pub mod sim;
 #[cfg(feature = "tower")]
 pub mod tower;

@@ -8,10 +8,12 @@
 //! take it past its batch limit or KV budget. With the gateway in front, `overflows` stays 0 and the
 //! recorded peaks stay within the limits; the tests and the demo check exactly that.
 
-use super::openai::{self, Completion};
+use crate::error::ApiError;
 use axum::body::Body;
 use bytes::Bytes;
 use futures::stream::{self, StreamExt};
+use kvgate::openai::{CompletionRequest, Endpoint};
+use serde_json::{Value, json};
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -34,16 +36,25 @@ pub struct SimConfig {
 /// What the simulated engine saw (for `/metrics` and tests).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SimStats {
+    /// Sequences running now.
     pub running: usize,
+    /// KV units held now.
     pub kv_in_use: u64,
+    /// Most sequences ever running at once.
     pub peak_running: usize,
+    /// Most KV units ever held at once.
     pub peak_kv_in_use: u64,
     /// Sequences refused because they would have exceeded `max_seqs` or `kv_budget`.
     pub overflows: u64,
+    /// Sequences started.
     pub started: u64,
+    /// Sequences finished (or abandoned by their client).
     pub finished: u64,
+    /// Tokens generated.
     pub tokens_generated: u64,
+    /// The engine's batch limit.
     pub max_seqs: usize,
+    /// The engine's KV budget.
     pub kv_budget: u64,
 }
 
@@ -107,6 +118,7 @@ const WORDS: &[&str] = &[
 ];
 
 impl SimBackend {
+    /// A simulated engine behaving as `config` says.
     pub fn new(config: SimConfig) -> Arc<Self> {
         Arc::new(Self {
             config,
@@ -170,18 +182,20 @@ impl SimBackend {
 
     /// Generates a completion for an admitted request holding `kv` units: an SSE stream (`stream: true`)
     /// or one JSON body after the whole generation. Answers 503 if the engine is full (an overflow).
-    pub async fn complete(self: &Arc<Self>, request: &Completion, kv: u64, served_model: &str) -> http::Response<Body> {
+    pub async fn complete(
+        self: &Arc<Self>,
+        request: &CompletionRequest,
+        kv: u64,
+        served_model: &str,
+    ) -> http::Response<Body> {
         let Some(sequence) = self.start(kv) else {
-            let err = openai::ApiError {
-                status: http::StatusCode::SERVICE_UNAVAILABLE,
-                message: "simulated engine out of batch slots or KV memory".into(),
-                code: "engine_overloaded",
-            };
+            let message = "simulated engine out of batch slots or KV memory";
+            let err = ApiError::new(http::StatusCode::SERVICE_UNAVAILABLE, "engine_overloaded", message);
             return err.to_response().map(Body::from);
         };
         let id = format!("kvgate-sim-{}", self.ids.fetch_add(1, Ordering::Relaxed));
         let model = if request.model.is_empty() { served_model.to_owned() } else { request.model.clone() };
-        let created = openai::unix_now();
+        let created = unix_now();
         // Real models often stop before max_tokens: stop somewhere in its upper half.
         let tokens = (request.max_tokens / 2
             + (request.prompt_tokens.wrapping_mul(2_654_435_761) % (request.max_tokens / 2 + 1)))
@@ -197,8 +211,7 @@ impl SimBackend {
                 self.tokens.fetch_add(1, Ordering::Relaxed);
             }
             drop(sequence);
-            let body =
-                openai::full_response(endpoint, &id, &model, created, &text, finish, request.prompt_tokens, tokens);
+            let body = full_response(endpoint, &id, &model, created, &text, finish, request.prompt_tokens, tokens);
             return json_response(&body);
         }
         // The stream owns the sequence and drops it after its last event, before it ends; if the client
@@ -207,7 +220,8 @@ impl SimBackend {
             sequence: Option<Sequence>,
             next: u32,
         }
-        let opener = openai::sse(&openai::chunk(endpoint, &id, &model, created, None, None));
+        let opener = sse(&chunk(endpoint, &id, &model, created, None, None));
+        let (include_usage, prompt_tokens) = (request.include_usage, request.prompt_tokens);
         let engine = Arc::clone(self);
         let events = stream::unfold(Gen { sequence: Some(sequence), next: 0 }, move |mut state| {
             let engine = Arc::clone(&engine);
@@ -217,11 +231,19 @@ impl SimBackend {
                     tokio::time::sleep(engine.token_interval()).await;
                     engine.tokens.fetch_add(1, Ordering::Relaxed);
                     let word = format!("{} ", WORDS[state.next as usize % WORDS.len()]);
-                    openai::sse(&openai::chunk(endpoint, &id, &model, created, Some(&word), None))
+                    sse(&chunk(endpoint, &id, &model, created, Some(&word), None))
                 } else if state.next == tokens {
-                    openai::sse(&openai::chunk(endpoint, &id, &model, created, None, Some(finish)))
-                } else if state.next == tokens + 1 {
-                    Bytes::from_static(openai::SSE_DONE)
+                    sse(&chunk(endpoint, &id, &model, created, None, Some(finish)))
+                } else if state.next == tokens + 1 && include_usage {
+                    // `stream_options.include_usage`: one more chunk, with no choices and the usage.
+                    let usage = usage(prompt_tokens, tokens);
+                    let object = if endpoint == Endpoint::Chat { "chat.completion.chunk" } else { "text_completion" };
+                    sse(
+                        &json!({ "id": id, "object": object, "created": created, "model": model, "choices": [], "usage": usage }),
+                    )
+                } else if state.next == tokens + 1 || (state.next == tokens + 2 && include_usage) {
+                    state.next = tokens + 2;
+                    Bytes::from_static(SSE_DONE)
                 } else {
                     drop(state.sequence.take());
                     return None;
@@ -250,4 +272,80 @@ pub fn sse_response(body: Body) -> http::Response<Body> {
         .header(http::header::CACHE_CONTROL, "no-cache")
         .body(body)
         .expect("a valid response")
+}
+
+/// Seconds since the Unix epoch, for `created`.
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// One SSE event carrying `value`.
+pub fn sse(value: &Value) -> Bytes {
+    let mut out = b"data: ".to_vec();
+    serde_json::to_writer(&mut out, value).expect("JSON values serialize");
+    out.extend_from_slice(b"\n\n");
+    Bytes::from(out)
+}
+
+/// The SSE stream's end marker.
+pub const SSE_DONE: &[u8] = b"data: [DONE]\n\n";
+
+/// A streamed chunk with `text` (or the role opener / finish chunk).
+pub fn chunk(
+    endpoint: Endpoint,
+    id: &str,
+    model: &str,
+    created: u64,
+    text: Option<&str>,
+    finish: Option<&str>,
+) -> Value {
+    match endpoint {
+        Endpoint::Chat => {
+            let delta = match (text, finish) {
+                (Some(t), _) => json!({ "content": t }),
+                (None, None) => json!({ "role": "assistant", "content": "" }),
+                (None, Some(_)) => json!({}),
+            };
+            json!({
+                "id": id, "object": "chat.completion.chunk", "created": created, "model": model,
+                "choices": [{ "index": 0, "delta": delta, "finish_reason": finish }],
+            })
+        }
+        Endpoint::Completions => json!({
+            "id": id, "object": "text_completion", "created": created, "model": model,
+            "choices": [{ "index": 0, "text": text.unwrap_or(""), "logprobs": null, "finish_reason": finish }],
+        }),
+    }
+}
+
+/// A whole (non-streamed) response.
+#[allow(clippy::too_many_arguments)]
+pub fn full_response(
+    endpoint: Endpoint,
+    id: &str,
+    model: &str,
+    created: u64,
+    text: &str,
+    finish: &str,
+    prompt: u32,
+    completion: u32,
+) -> Value {
+    let usage = usage(prompt, completion);
+    match endpoint {
+        Endpoint::Chat => json!({
+            "id": id, "object": "chat.completion", "created": created, "model": model,
+            "choices": [{ "index": 0, "message": { "role": "assistant", "content": text }, "finish_reason": finish }],
+            "usage": usage,
+        }),
+        Endpoint::Completions => json!({
+            "id": id, "object": "text_completion", "created": created, "model": model,
+            "choices": [{ "index": 0, "text": text, "logprobs": null, "finish_reason": finish }],
+            "usage": usage,
+        }),
+    }
+}
+
+/// The `usage` object.
+fn usage(prompt: u32, completion: u32) -> Value {
+    json!({ "prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt.saturating_add(completion) })
 }

@@ -1,4 +1,4 @@
-//! Soak load generator for the gateway example (driven by `scripts/soak.sh`).
+//! Soak load generator for the gateway (driven by `scripts/soak.sh`).
 //!
 //! Runs `--clients` closed-loop clients against `--url` for `--seconds`: each sends a chat completion
 //! (every other one streamed), reads the answer to the end, and on a 429/503 sleeps for the response's
@@ -17,7 +17,7 @@
 //! time: the run stops after `--seconds` plus at most 30 s of drain, and each request times out after 60 s.
 //!
 //! ```text
-//! cargo run --release --example loadgen -- --url http://127.0.0.1:8080 --pid 1234 --clients 96 \
+//! cargo run --release -p kvgate-gateway --example loadgen -- --url http://127.0.0.1:8080 --pid 1234 --clients 96 \
 //!     --seconds 600 --csv target/soak/soak.csv
 //! ```
 
@@ -143,9 +143,9 @@ async fn sample(http: &reqwest::Client, args: &Args, start: Instant, counts: &Co
     Ok(Sample {
         elapsed_s: start.elapsed().as_secs_f64(),
         rss_kib: rss_kib(args.pid).ok_or_else(|| format!("cannot read /proc/{}/status", args.pid))?,
-        running: get("kvgate:num_requests_running")?,
-        waiting: get("kvgate:num_requests_waiting")?,
-        kv_used: get("kvgate:kv_cache_used")?,
+        running: get("kvgate_num_requests_running")?,
+        waiting: get("kvgate_num_requests_waiting")?,
+        kv_used: get("kvgate_kv_cache_used")?,
         ok: counts.get(0),
         r429: counts.get(1),
         r503: counts.get(2),

@@ -2,13 +2,9 @@
 //! disconnects, proxy pass-through and cancellation, malformed requests, `/metrics`, `/v1/models`.
 //!
 //! The gateway's modules are included from `examples/gateway/app/` and started in-process.
-#![cfg(all(feature = "tower", not(loom)))]
 
-#[path = "../examples/gateway/app/mod.rs"]
-mod app;
-
-use app::{BackendConfig, Config, Gateway};
 use futures::StreamExt;
+use kvgate_gateway::{BackendConfig, Config, Gateway};
 use serde_json::{Value, json};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -19,7 +15,7 @@ use std::time::{Duration, Instant};
 async fn start(gateway: &Gateway) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    tokio::spawn(app::serve(listener, gateway.clone()));
+    tokio::spawn(kvgate_gateway::serve(listener, gateway.clone()));
     addr
 }
 
@@ -229,12 +225,12 @@ async fn malformed_requests_get_400_or_413_and_hold_nothing() {
         // Valid numbers, but more than the KV budget (10,000 tokens) could ever hold: admission says 413.
         (
             "/v1/chat/completions",
-            r#"{"messages":[{"role":"user","content":"hi"}],"max_tokens":1000000}"#,
+            r#"{"messages":[{"role":"user","content":"hi"}],"max_tokens":100000}"#,
             413,
             "too_large",
         ),
         ("/v1/completions", r#"{"prompt":"hi","max_completion_tokens":50000}"#, 413, "too_large"),
-        // Beyond any budget (more than 2^32 - 1): refused before admission.
+        // Beyond the largest reservation (--max-output-tokens): refused before admission.
         (
             "/v1/chat/completions",
             r#"{"messages":[{"role":"user","content":"hi"}],"max_tokens":1e13}"#,
@@ -256,11 +252,26 @@ async fn malformed_requests_get_400_or_413_and_hold_nothing() {
         assert_eq!(error["error"]["code"], *code, "{body}: {error}");
         assert_eq!(error["error"]["type"], "invalid_request_error");
     }
-    // A body over the limit.
-    let huge = format!(r#"{{"messages":[{{"role":"user","content":"{}"}}]}}"#, "x".repeat(5 << 20));
-    let response = http.post(format!("http://{addr}/v1/chat/completions")).body(huge).send().await.unwrap();
-    assert_eq!(response.status(), 413);
-    assert_eq!(assert_error_body(&response.text().await.unwrap())["error"]["code"], "body_too_large");
+    // A body over the limit, declared: the 413 comes before the body is read, and the connection closes
+    // (the client sends only the headers here, so it reads the answer whole).
+    let mut raw = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let head = "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 5242880\r\n\r\n{\"messages\"";
+    tokio::io::AsyncWriteExt::write_all(&mut raw, head.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    let read = tokio::io::AsyncReadExt::read_to_end(&mut raw, &mut answer);
+    let _ = tokio::time::timeout(Duration::from_secs(20), read).await;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert!(answer.contains("body_too_large") && answer.contains("connection: close"), "{answer}");
+    // Undeclared (chunked), the limit cuts the read short: a 413 — or, if the client is still writing when
+    // the connection closes, a broken pipe on its side. Either way nothing is held.
+    let chunks = futures::stream::iter((0..80).map(|_| Ok::<_, std::io::Error>(vec![b'x'; 64 << 10])));
+    let sent =
+        http.post(format!("http://{addr}/v1/chat/completions")).body(reqwest::Body::wrap_stream(chunks)).send().await;
+    if let Ok(response) = sent {
+        assert_eq!(response.status(), 413);
+        assert_eq!(assert_error_body(&response.text().await.unwrap())["error"]["code"], "body_too_large");
+    }
 
     let snapshot = gateway.admission().snapshot();
     assert_eq!((snapshot.in_flight, snapshot.kv_used, snapshot.admitted), (0, 0, 0), "{snapshot:?}");
@@ -271,62 +282,6 @@ async fn malformed_requests_get_400_or_413_and_hold_nothing() {
     let ok: Value = ok.json().await.unwrap();
     assert_eq!(ok["object"], "chat.completion");
     assert_drained(&gateway).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn metrics_models_and_health_answer() {
-    let mut config = sim_config(3, 5, 5_000, 500.0);
-    config.model = Some("my-model".into());
-    let gateway = Gateway::new(config).unwrap();
-    let addr = start(&gateway).await;
-    let http = client();
-    let ok = http
-        .post(format!("http://{addr}/v1/completions"))
-        .json(&json!({"prompt": "hi", "max_tokens": 3}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(ok.status(), 200);
-    ok.text().await.unwrap();
-    let _ = http.post(format!("http://{addr}/v1/completions")).body("nope").send().await.unwrap();
-
-    let models: Value = http.get(format!("http://{addr}/v1/models")).send().await.unwrap().json().await.unwrap();
-    assert_eq!(models["object"], "list");
-    assert_eq!(models["data"][0]["id"], "my-model");
-    let health = http.get(format!("http://{addr}/healthz")).send().await.unwrap();
-    assert_eq!(health.status(), 200);
-
-    let metrics = http.get(format!("http://{addr}/metrics")).send().await.unwrap();
-    assert_eq!(metrics.status(), 200);
-    assert!(metrics.headers()["content-type"].to_str().unwrap().starts_with("text/plain"));
-    let text = metrics.text().await.unwrap();
-    for name in [
-        "vllm:num_requests_running 0",
-        "vllm:num_requests_waiting 0",
-        "vllm:kv_cache_usage_perc 0",
-        "kvgate:num_requests_running 0",
-        "kvgate:num_requests_waiting 0",
-        "kvgate:kv_cache_usage_perc 0",
-        "kvgate:kv_cache_capacity{unit=\"tokens\"} 5000",
-        "kvgate:max_in_flight 3",
-        "kvgate:queue_capacity 5",
-        "kvgate:requests_admitted_total 1",
-        "kvgate:requests_rejected_total{reason=\"no_capacity\"} 0",
-        "kvgate:requests_rejected_total{reason=\"rate_limited\"} 0",
-        "kvgate:requests_invalid_total{code=\"invalid_json\"} 1",
-        "kvgate:request_queue_time_seconds_bucket{le=\"+Inf\"} 1",
-        "kvgate:request_queue_time_seconds_count 1",
-        "vllm:request_queue_time_seconds_count 1",
-        "kvgate:sim_peak_requests_running 1",
-        "kvgate:sim_overflows_total 0",
-    ] {
-        assert!(text.contains(name), "/metrics lacks {name}:\n{text}");
-    }
-    // Every sample line is `name{labels} value` with a numeric value.
-    for line in text.lines().filter(|l| !l.starts_with('#')) {
-        let value = line.rsplit(' ').next().unwrap();
-        assert!(value == "+Inf" || value.parse::<f64>().is_ok(), "bad sample: {line}");
-    }
 }
 
 /// A mock OpenAI-compatible upstream: streams `chunks` SSE events `interval` apart, records the request
@@ -481,30 +436,13 @@ async fn all_429_answers_capacity_rejections_with_429() {
 }
 
 #[test]
-fn flags_parse_and_misuse_is_reported() {
-    let args = |s: &str| s.split_whitespace().map(String::from).collect::<Vec<_>>();
-    let config = Config::from_args(args(
-        "--listen 127.0.0.1:9000 --upstream http://localhost:11434/v1 --max-in-flight 8 --queue 16 \
-         --max-queue-wait 1.5s --rate 20 --token-rate=5000 --kv-tokens 65536 --default-max-tokens 256 --all-429",
-    ))
-    .unwrap();
-    assert_eq!(config.listen, "127.0.0.1:9000".parse().unwrap());
-    assert_eq!(config.backend, BackendConfig::Upstream("http://localhost:11434/v1".into()));
-    assert_eq!((config.max_in_flight, config.queue, config.kv_tokens), (8, 16, Some(65_536)));
-    assert_eq!(config.max_queue_wait, Duration::from_millis(1500));
-    assert_eq!(config.rate, Some((20.0, 20)));
-    assert_eq!(config.token_rate, Some((5000.0, 50_000)));
-    assert_eq!((config.default_max_tokens, config.all_429), (256, true));
-    assert_eq!(Config::from_args(args("--max-queue-wait 250")).unwrap().max_queue_wait, Duration::from_millis(250));
-    assert_eq!(Config::from_args(args("--help")), Err(app::ArgError::Help));
-    assert!(matches!(Config::from_args(args("--bogus 1")), Err(app::ArgError::Bad(_))));
-    assert!(matches!(Config::from_args(args("--queue")), Err(app::ArgError::Bad(_))));
-    assert!(matches!(Config::from_args(args("--upstream https://x")), Err(app::ArgError::Bad(_))));
-    // A KV-byte budget from a model preset and a GPU.
+fn a_kv_byte_budget_comes_from_a_preset_and_a_gpu() {
+    let args =
+        |s: &str| std::iter::once("kvgate-gateway").chain(s.split_whitespace()).map(String::from).collect::<Vec<_>>();
     let gateway = Gateway::new(Config::from_args(args("--model llama-3.1-8b --gpu h100-80")).unwrap()).unwrap();
     assert!(gateway.admission().kv_in_bytes());
-    assert!(
-        Gateway::new(Config::from_args(args("--model llama-3.1-8b --gpu h100-80 --kv-tokens 5")).unwrap()).is_err()
-    );
-    assert!(Gateway::new(Config::from_args(args("--model llama-3.1-8b")).unwrap()).is_err());
+    let both = Config::from_args(args("--model llama-3.1-8b --gpu h100-80 --kv-tokens 5")).unwrap();
+    assert!(Gateway::new(both).is_err());
+    let no_gpu = Config::from_args(args("--model-config /nonexistent/config.json")).unwrap();
+    assert!(Gateway::new(no_gpu).is_err());
 }

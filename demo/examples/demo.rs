@@ -4,19 +4,20 @@
 //! cargo run --release --example demo
 //! ```
 //!
-//! Starts the gateway (`examples/gateway/`) with its simulated LLM backend on a loopback port, in this
-//! process; then a few hundred simulated employees send chat requests over real HTTP, streaming the
+//! Starts the gateway (the `kvgate-gateway` crate) with its simulated LLM backend on a loopback port, in
+//! this process; then a few hundred simulated employees send chat requests over real HTTP, streaming the
 //! answers, and retry rejections with `kvgate::retry` (full jitter, never earlier than `Retry-After`).
 //! A live line shows what the gateway admits; at the end a summary table reports latency, time to
 //! first token, rejections, and the engine's peaks against its limits — and the demo fails (exit 1) if
 //! any invariant it prints does not hold.
 
-#[path = "gateway/app/mod.rs"]
-mod app;
-
-use app::{BackendConfig, Config, Gateway};
-use futures::StreamExt;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
 use kvgate::retry::{RetryHint, RetryPolicy, SplitMix64, retry};
+use kvgate_gateway::{BackendConfig, Config, Gateway};
 use std::io::{IsTerminal, Write};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -89,14 +90,14 @@ async fn main() {
     let gateway = Gateway::new(config).expect("a valid configuration");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a loopback port");
     let addr = listener.local_addr().expect("a bound address");
-    tokio::spawn(app::serve(listener, gateway.clone()));
+    tokio::spawn(kvgate_gateway::serve(listener, gateway.clone()));
     let url = format!("http://{addr}/v1/chat/completions");
     println!(
         "kvgate demo: {EMPLOYEES} employees x {REQUESTS_EACH} chats -> gateway on http://{addr} -> simulated GPU \
          ({MAX_IN_FLIGHT} sequences, KV budget {KV_TOKENS} tokens, 50 requests/s, queue 48, max wait 2 s)"
     );
 
-    let http = reqwest::Client::builder().no_proxy().pool_max_idle_per_host(64).build().expect("an HTTP client");
+    let http: HttpClient = Client::builder(TokioExecutor::new()).pool_max_idle_per_host(64).build(HttpConnector::new());
     let tally = Arc::new(Tally { min_margin_us: AtomicU64::new(u64::MAX), ..Tally::default() });
     let started = Instant::now();
     let done = Arc::new(AtomicBool::new(false));
@@ -126,7 +127,10 @@ async fn main() {
 }
 
 /// One employee: arrives during the morning rush, sends a few chats with some reading time between.
-async fn employee(id: u64, http: reqwest::Client, url: String, tally: Arc<Tally>) {
+/// The employees' HTTP client (hyper's, with a connection pool).
+type HttpClient = Client<HttpConnector, Full<Bytes>>;
+
+async fn employee(id: u64, http: HttpClient, url: String, tally: Arc<Tally>) {
     let mut rng = SplitMix64::new(0x5eed ^ id.wrapping_mul(0x9e37_79b9_7f4a_7c15));
     tokio::time::sleep(Duration::from_millis(rng.next_u64() % 3_000)).await;
     let policy = RetryPolicy::new().base(Duration::from_millis(250)).cap(Duration::from_secs(4)).max_tries(10);
@@ -170,7 +174,7 @@ async fn employee(id: u64, http: reqwest::Client, url: String, tally: Arc<Tally>
 
 /// One try: send, and on 200 read the whole (streamed) answer.
 async fn attempt(
-    http: &reqwest::Client,
+    http: &HttpClient,
     url: &str,
     body: &serde_json::Value,
     first_try: Instant,
@@ -190,7 +194,11 @@ async fn attempt(
             }
         }
     }
-    let response = http.post(url).json(body).send().await.map_err(|_| Failure::Transport)?;
+    let request = http::Request::post(url)
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .expect("a valid request");
+    let response = http.request(request).await.map_err(|_| Failure::Transport)?;
     let status = response.status().as_u16();
     if status != 200 {
         let retry_after = kvgate::http::retry_after(response.headers());
@@ -202,12 +210,12 @@ async fn attempt(
         if let Some(hint) = retry_after {
             *last_rejection.lock().unwrap() = Some((Instant::now(), hint));
         }
-        let _ = response.bytes().await;
+        let _ = response.into_body().collect().await;
         return Err(Failure::Status { status, retry_after });
     }
-    let mut chunks = response.bytes_stream();
-    while let Some(chunk) = chunks.next().await {
-        let chunk = chunk.map_err(|_| Failure::Transport)?;
+    let mut body = response.into_body();
+    while let Some(frame) = body.frame().await {
+        let Ok(chunk) = frame.map_err(|_| Failure::Transport)?.into_data() else { continue };
         let mut ttft = ttft.lock().unwrap();
         if ttft.is_none() && has_token(&chunk) {
             *ttft = Some(first_try.elapsed());
