@@ -335,6 +335,15 @@ impl<C: Clock> SharedAdmission<C> {
         self.inner.core.store.usage().await
     }
 
+    /// Waits until every lease and refund given back before this call has reached Redis (or Redis did
+    /// not answer; then they stay queued). For a graceful shutdown: drop the permits, then `flush`.
+    pub async fn flush(&self) {
+        let (done, answered) = tokio::sync::oneshot::channel();
+        if self.inner.work.send(Work::Flush(done)).is_ok() {
+            let _ = answered.await;
+        }
+    }
+
     /// Renews this replica's leases now (the background task does it every renewal interval), and
     /// registers those Redis does not hold if they fit.
     pub async fn renew_now(&self) {

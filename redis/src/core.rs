@@ -16,6 +16,8 @@ use tokio::sync::Notify;
 pub(crate) enum Work {
     /// Give back a lease (by id; it already left the table) and refund tokens.
     Release { lease: Option<String>, refunds: Vec<Charge> },
+    /// Answer once everything queued before has reached Redis (or Redis did not answer).
+    Flush(tokio::sync::oneshot::Sender<()>),
 }
 
 /// The shared runtime state.
@@ -51,6 +53,11 @@ impl Core {
             generation: AtomicU64::new(0),
             renew_now: Notify::new(),
         }
+    }
+
+    /// The last generation seen (0: none yet).
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
     }
 
     /// Records the generation a script reported; a change means Redis lost its state, and every lease

@@ -149,7 +149,7 @@ impl<C: Clock> Inner<C> {
         let undo = Undo { inner: self, seq: lease.as_ref().map(|(seq, _)| *seq) };
         let id = lease.as_ref().map(|(seq, _)| core.leases.id(*seq));
         let ask = id.as_deref().map(|id| LeaseAsk { id, slots: 1, kv });
-        match core.store.decide(ask, &charges, false).await {
+        match core.store.decide(ask, &charges, false, core.generation()).await {
             Ok(Decision::Granted { generation, .. }) => {
                 undo.settle(true);
                 core.saw_generation(generation);

@@ -9,8 +9,14 @@
 //! The configured rate is rounded to a multiple of 0.001 per second (`a/b = round(rate*1000)/10^9`,
 //! reduced): exact for every rate written with at most three decimals, within 0.0005/s otherwise.
 //! A refusal's wait is exact at the clock's resolution: the least whole number of microseconds after
-//! which the request would pass, which is the local [`TokenBucket`](kvgate::bucket::TokenBucket)'s
-//! `retry_after` rounded up to the microsecond.
+//! which the request would pass (if nobody else takes the tokens first), as the local
+//! [`TokenBucket`](kvgate::bucket::TokenBucket)'s `retry_after` is exact at the nanosecond.
+//!
+//! One difference from the local bucket, deliberately: tokens accrue continuously from the bucket's
+//! state (time-based GCRA, as in redis-cell and governor), not at fixed instants counted from the
+//! bucket's creation. A full bucket is a missing key — which is what lets idle tenants cost no memory —
+//! so there is no creation instant to count from. Over any interval the two grant the same number of
+//! tokens to within one; a hint can differ from a local bucket's by less than one token's interval.
 
 use kvgate::ConfigError;
 

@@ -174,6 +174,7 @@ impl Store {
         lease: Option<LeaseAsk<'_>>,
         charges: &[Charge],
         batch: bool,
+        known_generation: u64,
     ) -> Result<Decision, StoreError> {
         let keys = &self.keys;
         let mut inv = self.scripts.admit.prepare_invoke();
@@ -188,7 +189,8 @@ impl Store {
             .arg(self.kv_limit)
             .arg(self.lease_us)
             .arg(self.recovery_us)
-            .arg(keys.freed());
+            .arg(keys.freed())
+            .arg(known_generation);
         for charge in charges {
             inv.key(&charge.key).arg(charge.spec.a).arg(charge.spec.b).arg(charge.spec.burst).arg(charge.n);
         }
@@ -223,7 +225,11 @@ impl Store {
 
     /// Renews `leases` (id, slots, kv); registers those that are gone if they fit. Returns the generation
     /// and one answer per lease.
-    pub(crate) async fn renew(&self, leases: &[(String, u64, u64)]) -> Result<(u64, Vec<Renewed>), StoreError> {
+    pub(crate) async fn renew(
+        &self,
+        leases: &[(String, u64, u64)],
+        known_generation: u64,
+    ) -> Result<(u64, Vec<Renewed>), StoreError> {
         let keys = &self.keys;
         let mut inv = self.scripts.renew.prepare_invoke();
         inv.key(keys.generation()).key(keys.recovery()).key(keys.leases()).key(keys.units()).key(keys.used());
@@ -233,6 +239,7 @@ impl Store {
             .arg(self.slot_limit)
             .arg(self.kv_limit)
             .arg(keys.freed())
+            .arg(known_generation)
             .arg(leases.len());
         for (id, slots, kv) in leases {
             inv.arg(id).arg(*slots).arg(*kv);

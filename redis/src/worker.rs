@@ -27,6 +27,8 @@ const MAX_PENDING: usize = 65_536;
 struct Pending {
     ids: Vec<String>,
     refunds: Vec<Charge>,
+    /// Flushes to answer after the next call.
+    flushed: Vec<tokio::sync::oneshot::Sender<()>>,
 }
 
 impl Pending {
@@ -36,6 +38,7 @@ impl Pending {
                 self.ids.extend(lease);
                 self.refunds.extend(refunds);
             }
+            Work::Flush(done) => self.flushed.push(done),
         }
         if self.ids.len() > MAX_PENDING {
             let excess = self.ids.len() - MAX_PENDING;
@@ -99,10 +102,13 @@ async fn flush(core: &Core, pending: &mut Pending) {
         let ids: Vec<String> = pending.ids.iter().take(RELEASE_BATCH).cloned().collect();
         let refunds: Vec<Charge> = pending.refunds.iter().take(RELEASE_BATCH).cloned().collect();
         if core.store.release(&ids, &refunds).await.is_err() {
-            return;
+            break;
         }
         pending.ids.drain(..ids.len());
         pending.refunds.drain(..refunds.len());
+    }
+    for done in pending.flushed.drain(..) {
+        let _ = done.send(());
     }
 }
 
@@ -111,14 +117,14 @@ pub(crate) async fn renew_all(core: &Core) {
     let items = core.leases.to_renew();
     if items.is_empty() {
         // Still a probe, and it learns the generation.
-        if let Ok((generation, _)) = core.store.renew(&[]).await {
+        if let Ok((generation, _)) = core.store.renew(&[], core.generation()).await {
             core.saw_generation(generation);
         }
         return;
     }
     for chunk in items.chunks(RENEW_BATCH) {
         let asks: Vec<(String, u64, u64)> = chunk.iter().map(|i| (i.id.clone(), i.slots, i.kv)).collect();
-        let Ok((generation, answers)) = core.store.renew(&asks).await else { return };
+        let Ok((generation, answers)) = core.store.renew(&asks, core.generation()).await else { return };
         core.saw_generation(generation);
         for (item, answer) in chunk.iter().zip(answers) {
             let held = answer != Renewed::DoesNotFit;
@@ -163,7 +169,9 @@ async fn refill(core: &Core, clock: &MonotonicClock) {
     if charges.is_empty() {
         return;
     }
-    if let Ok(crate::store::Decision::Granted { taken, .. }) = core.store.decide(None, &charges, true).await {
+    if let Ok(crate::store::Decision::Granted { taken, .. }) =
+        core.store.decide(None, &charges, true, core.generation()).await
+    {
         let mut got = Pool::default();
         for (charge, n) in charges.iter().zip(taken) {
             if charge.refundable {
