@@ -346,8 +346,14 @@ impl<C: Clock> SharedAdmission<C> {
 
     /// Renews this replica's leases now (the background task does it every renewal interval), and
     /// registers those Redis does not hold if they fit.
+    ///
+    /// Runs on the background task, after every release queued before it (so a renewal never brings
+    /// back a lease whose permit was dropped); returns when it is done.
     pub async fn renew_now(&self) {
-        crate::worker::renew_all(&self.inner.core).await;
+        let (done, answered) = tokio::sync::oneshot::channel();
+        if self.inner.work.send(Work::Renew(done)).is_ok() {
+            let _ = answered.await;
+        }
     }
 
     /// Sets the gauges of the local admission ([`Admission::publish_metrics`]) and of the sharing:

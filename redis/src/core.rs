@@ -18,6 +18,8 @@ pub(crate) enum Work {
     Release { lease: Option<String>, refunds: Vec<Charge> },
     /// Answer once everything queued before has reached Redis (or Redis did not answer).
     Flush(tokio::sync::oneshot::Sender<()>),
+    /// Renew now (after everything queued before), then answer.
+    Renew(tokio::sync::oneshot::Sender<()>),
 }
 
 /// The shared runtime state.

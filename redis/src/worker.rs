@@ -29,6 +29,8 @@ struct Pending {
     refunds: Vec<Charge>,
     /// Flushes to answer after the next call.
     flushed: Vec<tokio::sync::oneshot::Sender<()>>,
+    /// Renewals asked for, to run after the releases queued before them.
+    renewals: Vec<tokio::sync::oneshot::Sender<()>>,
 }
 
 impl Pending {
@@ -39,6 +41,7 @@ impl Pending {
                 self.refunds.extend(refunds);
             }
             Work::Flush(done) => self.flushed.push(done),
+            Work::Renew(done) => self.renewals.push(done),
         }
         if self.ids.len() > MAX_PENDING {
             let excess = self.ids.len() - MAX_PENDING;
@@ -68,13 +71,19 @@ pub(crate) async fn run(core: Arc<Core>, mut work: UnboundedReceiver<Work>, retr
             received = work.recv() => match received {
                 Some(first) => {
                     pending.push(first);
-                    while pending.ids.len() < RELEASE_BATCH {
+                    while pending.ids.len() < RELEASE_BATCH && pending.renewals.is_empty() {
                         match work.try_recv() {
                             Ok(more) => pending.push(more),
                             Err(_) => break,
                         }
                     }
                     flush(&core, &mut pending).await;
+                    if !pending.renewals.is_empty() {
+                        renew_all(&core).await;
+                        for done in pending.renewals.drain(..) {
+                            let _ = done.send(());
+                        }
+                    }
                 }
                 None => {
                     flush(&core, &mut pending).await;
@@ -113,7 +122,7 @@ async fn flush(core: &Core, pending: &mut Pending) {
 }
 
 /// Renews every lease in the table, and registers those not held in Redis if they fit now.
-pub(crate) async fn renew_all(core: &Core) {
+async fn renew_all(core: &Core) {
     let items = core.leases.to_renew();
     if items.is_empty() {
         // Still a probe, and it learns the generation.
