@@ -147,6 +147,7 @@ impl Store {
         let mut conn = self.conn.clone();
         let result = match tokio::time::timeout(self.timeout, invocation.invoke_async::<T>(&mut conn)).await {
             Ok(Ok(value)) => Ok(value),
+            Ok(Err(error)) if error.is_timeout() => Err(StoreError::Timeout(self.timeout)),
             Ok(Err(error)) => Err(StoreError::from(error)),
             Err(_) => Err(StoreError::Timeout(self.timeout)),
         };
