@@ -96,6 +96,17 @@ pub(crate) struct Store {
     stats: Arc<Stats>,
 }
 
+/// A random generation for Redis to adopt if its state is new: nonzero, below 2^52 (exact in Lua).
+fn new_generation() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u64(GENERATIONS.fetch_add(1, Ordering::Relaxed));
+    (hasher.finish() >> 12).max(1)
+}
+
+/// Makes every generation proposed by this process differ.
+static GENERATIONS: AtomicU64 = AtomicU64::new(0);
+
 fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
@@ -191,7 +202,8 @@ impl Store {
             .arg(self.lease_us)
             .arg(self.recovery_us)
             .arg(keys.freed())
-            .arg(known_generation);
+            .arg(known_generation)
+            .arg(new_generation());
         for charge in charges {
             inv.key(&charge.key).arg(charge.spec.a).arg(charge.spec.b).arg(charge.spec.burst).arg(charge.n);
         }
@@ -241,6 +253,7 @@ impl Store {
             .arg(self.kv_limit)
             .arg(keys.freed())
             .arg(known_generation)
+            .arg(new_generation())
             .arg(leases.len());
         for (id, slots, kv) in leases {
             inv.arg(id).arg(*slots).arg(*kv);

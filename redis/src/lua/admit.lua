@@ -2,7 +2,8 @@
 -- KEYS: 1 generation, 2 recovery window, 3 leases, 4 lease units, 5 totals, 6.. one bucket per rate
 -- ARGV: 1 now ('' = Redis TIME), 2 mode ('admit' or 'batch'), 3 lease id ('' = no lease), 4 slots,
 --       5 kv units, 6 slot limit, 7 kv limit (negative: none), 8 lease time us, 9 recovery window us,
---       10 channel, 11 the generation the caller knows (0: none), then per rate: a, b, burst, n
+--       10 channel, 11 the generation the caller knows (0: none), 12 a new generation if none exists,
+--       then per rate: a, b, burst, n
 -- 'admit' takes n of every rate or nothing; 'batch' (the local allowance) takes up to n of each rate
 -- and needs no lease. The recovery window holds back new leases only.
 -- Reply: {0, generation, taken per rate...} granted; {1, used slots, used kv} no capacity;
@@ -13,7 +14,7 @@ local id = ARGV[3]
 local s, k = tonumber(ARGV[4]), tonumber(ARGV[5])
 local slot_limit, kv_limit = tonumber(ARGV[6]), tonumber(ARGV[7])
 local lease_us, recovery_us = tonumber(ARGV[8]), tonumber(ARGV[9])
-local gen = generation(KEYS[1], KEYS[2], now, recovery_us, tonumber(ARGV[11]))
+local gen = generation(KEYS[1], KEYS[2], now, recovery_us, tonumber(ARGV[11]), tonumber(ARGV[12]))
 
 if id ~= '' then
   local left = recovering(KEYS[2], now)
@@ -29,7 +30,7 @@ end
 local debts, taken = {}, {}
 local wait = 0
 for i = 1, #KEYS - 5 do
-  local j = 11 + (i - 1) * 4
+  local j = 12 + (i - 1) * 4
   local a, b, burst, n = tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2]), tonumber(ARGV[j + 3]), tonumber(ARGV[j + 4])
   local d = debt(KEYS[5 + i], now, a)
   if mode == 'batch' then
@@ -42,7 +43,7 @@ end
 if wait > 0 then return {2, wait} end
 
 for i = 1, #KEYS - 5 do
-  local a = tonumber(ARGV[11 + (i - 1) * 4 + 1])
+  local a = tonumber(ARGV[12 + (i - 1) * 4 + 1])
   if taken[i] > 0 then store_debt(KEYS[5 + i], now, a, debts[i]) end
 end
 if id ~= '' then

@@ -117,23 +117,25 @@ local function fits(used, s, k, slot_limit, kv_limit)
   return (slot_limit < 0 or us + s <= slot_limit) and (kv_limit < 0 or uk + k <= kv_limit)
 end
 
--- The generation: the time (µs, plus one) at which Redis' state began. When Redis lost its state (a
--- restart without persistence, a failover to a replica that had not seen the writes), the key is missing
--- and the first script writes a new one. A caller that knew another generation (`known`, 0 for none)
--- was running before: its leases, and probably others', are gone from Redis, so it opens the recovery
--- window (until the new generation's start plus `recovery_us`), during which only leases that replicas
--- already hold may be registered. A fleet starting fresh knows no generation and opens no window.
-local function generation(gen, recovery, now, recovery_us, known)
-  local g = redis.call('GET', gen)
-  if g then
-    g = tonumber(g)
+-- The generation: a random number (the caller's `candidate`) written when Redis' state began, with
+-- that time ("gen:born"). When Redis lost its state (a restart without persistence, a failover to a
+-- replica that had not seen the writes), the key is missing and the first script writes a new one. A
+-- caller that knew another generation (`known`, 0 for none) was running before: its leases, and
+-- probably others', are gone from Redis, so it opens the recovery window (until the new generation's
+-- birth plus `recovery_us`), during which only leases that replicas already hold may be registered. A
+-- fleet starting fresh knows no generation and opens no window.
+local function generation(gen, recovery, now, recovery_us, known, candidate)
+  local v = redis.call('GET', gen)
+  local g, born
+  if v then
+    g, born = pair(v)
     redis.call('PEXPIRE', gen, 86400000)
   else
-    g = now + 1
-    redis.call('SET', gen, int(g), 'PX', 86400000)
+    g, born = candidate, now
+    redis.call('SET', gen, int(g) .. ':' .. int(born), 'PX', 86400000)
   end
-  if known ~= 0 and known ~= g and recovery_us > 0 and now < g + recovery_us then
-    redis.call('SET', recovery, int(g + recovery_us), 'PX', int(math.floor(recovery_us / 1000) + 1000))
+  if known ~= 0 and known ~= g and recovery_us > 0 and now < born + recovery_us then
+    redis.call('SET', recovery, int(born + recovery_us), 'PX', int(math.floor(recovery_us / 1000) + 1000))
   end
   return g
 end
