@@ -277,6 +277,7 @@ impl<C: Clock> SharedAdmission<C> {
     /// [`Rejection::Closed`]). Permits already granted stay valid until dropped.
     pub fn close(&self) {
         self.inner.local.close();
+        self.inner.core.line.wake_all();
     }
 
     /// The local admission.

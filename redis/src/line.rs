@@ -64,6 +64,14 @@ impl WaitLine {
         }
     }
 
+    /// Wakes every waiter (the admission was closed: each sees it and leaves).
+    pub(crate) fn wake_all(&self) {
+        let all: Vec<Arc<Notify>> = self.state.lock().waiting.values().cloned().collect();
+        for notify in all {
+            notify.notify_one();
+        }
+    }
+
     /// Requests in the line.
     pub(crate) fn len(&self) -> usize {
         self.state.lock().waiting.len()
