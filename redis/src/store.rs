@@ -54,9 +54,9 @@ pub(crate) enum Decision {
 
 /// What the renewal found for one lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Renewed {
+pub(crate) enum RenewAnswer {
     /// Held and extended.
-    Renewed,
+    Extended,
     /// Was not held; registered now.
     Registered,
     /// Not held and does not fit the budget now.
@@ -242,7 +242,7 @@ impl Store {
         &self,
         leases: &[(String, u64, u64)],
         known_generation: u64,
-    ) -> Result<(u64, Vec<Renewed>), StoreError> {
+    ) -> Result<(u64, Vec<RenewAnswer>), StoreError> {
         let keys = &self.keys;
         let mut inv = self.scripts.renew.prepare_invoke();
         inv.key(keys.generation()).key(keys.recovery()).key(keys.leases()).key(keys.units()).key(keys.used());
@@ -268,9 +268,9 @@ impl Store {
         let answers = answers
             .iter()
             .map(|a| match a {
-                0 => Ok(Renewed::Renewed),
-                1 => Ok(Renewed::Registered),
-                2 => Ok(Renewed::DoesNotFit),
+                0 => Ok(RenewAnswer::Extended),
+                1 => Ok(RenewAnswer::Registered),
+                2 => Ok(RenewAnswer::DoesNotFit),
                 other => Err(StoreError::Reply(format!("renew answered {other}"))),
             })
             .collect::<Result<_, _>>()?;

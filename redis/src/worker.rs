@@ -9,7 +9,7 @@
 
 use crate::allowance::Pool;
 use crate::core::{Core, Work};
-use crate::store::{Charge, Renewed};
+use crate::store::{Charge, RenewAnswer};
 use kvgate::clock::{Clock, MonotonicClock};
 use std::sync::Arc;
 use std::time::Duration;
@@ -136,12 +136,12 @@ async fn renew_all(core: &Core) {
         let Ok((generation, answers)) = core.store.renew(&asks, core.generation()).await else { return };
         core.saw_generation(generation);
         for (item, answer) in chunk.iter().zip(answers) {
-            let held = answer != Renewed::DoesNotFit;
+            let held = answer != RenewAnswer::DoesNotFit;
             match core.leases.renewed(item.seq, held) {
                 // Left the table meanwhile: its release is queued and runs after this call.
                 None => {}
                 Some(before) => {
-                    if answer == Renewed::Registered {
+                    if answer == RenewAnswer::Registered {
                         core.stats.lease_registered();
                     }
                     if !held && before == crate::leases::LeaseState::Held {

@@ -10,10 +10,6 @@ use kvgate_redis::{SharedLimits, TenantRates};
 use proptest::prelude::*;
 use std::time::Duration;
 
-fn micros_up(d: Duration) -> Duration {
-    Duration::from_micros(d.as_nanos().div_ceil(1000) as u64)
-}
-
 #[tokio::test]
 async fn refusals_carry_the_exact_wait_of_every_rate() {
     let Some(redis) = support::redis() else { return };

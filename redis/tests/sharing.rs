@@ -163,3 +163,44 @@ async fn three_replicas_never_exceed_the_shared_capacity() {
         assert_eq!(replica.local().snapshot().in_flight, 0);
     }
 }
+
+/// The worst case of the allowance: every replica's allowance is full and the shared bucket too, then
+/// all replicas burst at once. The overshoot over what the bucket alone admits is measured and bounded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_allowance_worst_case_is_a_full_batch_per_replica() {
+    let Some(redis) = support::redis() else { return };
+    let (rate, burst, batch) = (100.0, 10, 10);
+    let limits = SharedLimits::new("worst").request_rate(rate, burst).allowance(Allowance::new().requests(batch));
+    let mut replicas = Vec::new();
+    for _ in 0..REPLICAS {
+        replicas.push(support::shared(&redis, limits.clone()).await);
+    }
+    // Light load (30/s of 100/s) keeps every allowance topped up.
+    for _ in 0..20 {
+        for replica in &replicas {
+            let _ = replica.try_admit(&Request::new(1, 1)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The bucket refills to its burst; then everyone bursts.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let held: u64 = replicas.iter().map(|r| r.allowance_held().0).sum();
+    let start = support::redis_micros(&redis).await;
+    let mut admitted = 0u64;
+    for _ in 0..40 {
+        for replica in &replicas {
+            if replica.try_admit(&Request::new(1, 1)).await.is_ok() {
+                admitted += 1;
+            }
+        }
+    }
+    let elapsed = support::redis_micros(&redis).await - start;
+    let bucket_alone = f64::from(burst) + rate * elapsed as f64 / 1e6;
+    let overshoot = admitted as f64 - bucket_alone;
+    eprintln!(
+        "worst case: {held} held in the allowances, {admitted} admitted in {elapsed} µs where the bucket alone \
+         admits {bucket_alone:.1}: overshoot {overshoot:.1} (bound {})",
+        REPLICAS as u64 * batch
+    );
+    assert!(overshoot <= (REPLICAS as u64 * batch) as f64);
+}
