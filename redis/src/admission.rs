@@ -191,7 +191,9 @@ impl<C: Clock> SharedAdmission<C> {
 
     /// Waits for admission: first in the local waiting room ([`Admission::admit`]), then for shared
     /// capacity in this replica's line (priority, then arrival), whose head asks Redis again when a
-    /// release is announced (pub/sub) or after a backoff up to the poll interval.
+    /// release is announced (pub/sub) or after a backoff up to the poll interval. The local permit is
+    /// held while the request waits for shared capacity; the line holds at most the local admission's
+    /// `queue_capacity` requests (one more is refused with `QueueFull`).
     ///
     /// Rates never wait (a request over a shared rate resolves to `RateLimited` at once). The wait for
     /// shared capacity ends with [`Rejection::TimedOut`] after the request's `max_wait` or this
@@ -223,6 +225,11 @@ impl<C: Clock> SharedAdmission<C> {
                 Try::Full(retry_after) => Err(Rejection::NoCapacity { retry_after }),
                 Try::Refused(rejection) => Err(rejection),
             };
+        }
+        // The line is bounded like the local waiting room it continues.
+        let room = inner.local.snapshot().queue_capacity;
+        if inner.core.line.len() >= room {
+            return Err(Rejection::QueueFull { retry_after: inner.local.capacity_retry_after() });
         }
         let place = inner.core.line.join(request.priority);
         let mut backoff = MIN_BACKOFF;

@@ -81,7 +81,7 @@ impl SharedPermit {
         self.kv
     }
 
-    /// Whether the shared slot and KV units are leased in Redis now.
+    /// Whether the shared slot and KV units are leased in Redis, as of this replica's last renewal.
     ///
     /// `false` for a permit of the fail-open policy until the renewal registered it, for one whose lease
     /// was found gone (Redis lost its state, or this replica was cut off for longer than the lease time)

@@ -76,3 +76,18 @@ async fn a_dropped_waiter_leaves_the_line_and_the_next_one_is_served() {
     assert_eq!(a.usage().await.unwrap().slots, 0);
     assert_eq!(a.local().snapshot().in_flight, 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_line_is_bounded_by_the_local_queue_capacity() {
+    let Some(redis) = support::redis() else { return };
+    let local = kvgate::Admission::builder().queue_capacity(1).build().unwrap();
+    let a = kvgate_redis::SharedAdmission::connect(&redis.url(), local, one_slot("bounded")).await.unwrap();
+    let _held = a.try_admit(&Request::new(10, 10)).await.unwrap();
+    let waiter = {
+        let a = a.clone();
+        tokio::spawn(async move { a.admit(&Request::new(10, 10)).await })
+    };
+    assert!(support::eventually(Duration::from_secs(5), async || a.waiting() == 1).await);
+    assert!(matches!(a.admit(&Request::new(10, 10)).await, Err(Rejection::QueueFull { .. })));
+    waiter.abort();
+}
