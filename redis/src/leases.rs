@@ -171,6 +171,7 @@ impl LeaseTable {
     }
 
     /// Number of leases in the table.
+    #[cfg(feature = "metrics")]
     pub(crate) fn len(&self) -> usize {
         self.entries.lock().len()
     }
