@@ -216,6 +216,7 @@ impl fmt::Debug for Slab {
     }
 }
 
+
 impl Slab {
     fn slot(&self, index: u32) -> &Slot {
         let (chunk, offset) = (index as usize / CHUNK, index as usize % CHUNK);
