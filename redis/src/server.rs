@@ -58,11 +58,26 @@ pub fn available() -> bool {
         .is_ok_and(|s| s.success())
 }
 
-fn ping(port: u16) -> bool {
-    let Ok(mut stream) = TcpStream::connect((Ipv4Addr::LOCALHOST, port)) else { return false };
-    let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
-    let mut reply = [0u8; 7];
-    stream.write_all(b"PING\r\n").is_ok() && stream.read_exact(&mut reply).is_ok() && &reply == b"+PONG\r\n"
+/// The process id of the server answering on `port`, if one answers (so that a server of another test
+/// that took the port first is never mistaken for ours).
+fn server_pid(port: u16) -> Option<u32> {
+    let mut stream = TcpStream::connect((Ipv4Addr::LOCALHOST, port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_millis(500))).ok()?;
+    stream.write_all(b"INFO server\r\n").ok()?;
+    let mut reply = Vec::new();
+    let mut chunk = [0u8; 4096];
+    while reply.len() < 64 * 1024 {
+        let n = stream.read(&mut chunk).ok()?;
+        if n == 0 {
+            break;
+        }
+        reply.extend_from_slice(&chunk[..n]);
+        let text = String::from_utf8_lossy(&reply);
+        if let Some(pid) = text.split("process_id:").nth(1).and_then(|rest| rest.split_whitespace().next()) {
+            return pid.parse().ok();
+        }
+    }
+    None
 }
 
 impl LocalRedis {
@@ -121,7 +136,7 @@ impl LocalRedis {
             .stderr(Stdio::null())
             .spawn()?;
         for _ in 0..1000 {
-            if ping(self.port) {
+            if server_pid(self.port) == Some(child.id()) {
                 self.child = Some(child);
                 return Ok(());
             }

@@ -16,7 +16,7 @@ const LEASE: Duration = Duration::from_secs(2);
 const SLOTS: u64 = 3;
 
 fn limits() -> SharedLimits {
-    SharedLimits::new("crash").max_in_flight(SLOTS).kv_capacity(10_000).lease_time(LEASE)
+    support::limits("crash").max_in_flight(SLOTS).kv_capacity(10_000).lease_time(LEASE)
 }
 
 /// The child: takes every slot, says so, and holds them (renewing) until it is killed.

@@ -12,7 +12,7 @@ use std::time::Duration;
 const LEASE: Duration = Duration::from_secs(60);
 
 fn capacity(name: &str, slots: u64) -> SharedLimits {
-    SharedLimits::new(name).max_in_flight(slots).kv_capacity(1_000_000).lease_time(LEASE)
+    support::limits(name).max_in_flight(slots).kv_capacity(1_000_000).lease_time(LEASE)
 }
 
 #[tokio::test]
@@ -177,7 +177,7 @@ async fn cancelled_take_leaks_nothing() {
 async fn replica_clocks_do_not_matter() {
     let Some(redis) = support::redis() else { return };
     // Two replicas whose own clocks are years apart; the shared rate reads Redis' clock only.
-    let limits = SharedLimits::new("clocks").request_rate(10.0, 4);
+    let limits = support::limits("clocks").request_rate(10.0, 4);
     let mut replicas = Vec::new();
     for start in [0, 300 * 365 * 24 * 3_600 * 1_000_000_000u64] {
         let local = Admission::builder().clock(ManualClock::starting_at(start)).build().unwrap();

@@ -9,7 +9,7 @@ use kvgate_redis::{FailPolicy, SharedLimits};
 use std::time::Duration;
 
 fn limits(policy: FailPolicy) -> SharedLimits {
-    SharedLimits::new("outage")
+    support::limits("outage")
         .max_in_flight(4)
         .kv_capacity(100_000)
         .request_rate(1000.0, 1000)

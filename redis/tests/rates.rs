@@ -6,7 +6,7 @@ mod support;
 
 use kvgate::clock::{Clock, ManualClock};
 use kvgate::{Limit, Rejection, Request};
-use kvgate_redis::{SharedLimits, TenantRates};
+use kvgate_redis::TenantRates;
 use proptest::prelude::*;
 use std::time::Duration;
 
@@ -14,7 +14,7 @@ use std::time::Duration;
 async fn refusals_carry_the_exact_wait_of_every_rate() {
     let Some(redis) = support::redis() else { return };
     let clock = ManualClock::starting_at(1_000_000_000_000);
-    let limits = SharedLimits::new("exact").request_rate(3.0, 2).token_rate(1000.0, 1000);
+    let limits = support::limits("exact").request_rate(3.0, 2).token_rate(1000.0, 1000);
     let admission = support::manual(&redis, limits, &clock).await;
     let a = admission.try_admit(&Request::new(300, 300)).await.unwrap();
     let b = admission.try_admit(&Request::new(100, 100)).await.unwrap();
@@ -33,7 +33,7 @@ async fn refusals_carry_the_exact_wait_of_every_rate() {
 async fn too_large_for_a_burst_never_fits() {
     let Some(redis) = support::redis() else { return };
     let clock = ManualClock::new();
-    let limits = SharedLimits::new("large")
+    let limits = support::limits("large")
         .token_rate(100.0, 1000)
         .kv_capacity(5000)
         .tenant_defaults(TenantRates::new().token_rate(10.0, 100));
@@ -54,7 +54,7 @@ async fn complete_refunds_unused_tokens_to_every_token_bucket() {
     let Some(redis) = support::redis() else { return };
     let clock = ManualClock::new();
     let limits =
-        SharedLimits::new("refund").token_rate(0.001, 1000).tenant_defaults(TenantRates::new().token_rate(0.001, 600));
+        support::limits("refund").token_rate(0.001, 1000).tenant_defaults(TenantRates::new().token_rate(0.001, 600));
     let admission = support::manual(&redis, limits, &clock).await;
     let permit = admission.try_admit(&Request::new(100, 500).tenant("t")).await.unwrap();
     assert!(admission.try_admit(&Request::new(1, 0).tenant("t")).await.is_err(), "the tenant's bucket is empty");
@@ -71,7 +71,7 @@ async fn complete_refunds_unused_tokens_to_every_token_bucket() {
 async fn tenants_have_their_own_buckets_and_the_global_one_too() {
     let Some(redis) = support::redis() else { return };
     let clock = ManualClock::new();
-    let limits = SharedLimits::new("tenants")
+    let limits = support::limits("tenants")
         .request_rate(1.0, 3)
         .tenant_defaults(TenantRates::new().request_rate(1.0, 1))
         .tenant_rates("vip", TenantRates::new().request_rate(1.0, 2));
@@ -94,7 +94,7 @@ async fn tenants_have_their_own_buckets_and_the_global_one_too() {
 async fn a_clock_stepping_back_grants_nothing_extra() {
     let Some(redis) = support::redis() else { return };
     let clock = ManualClock::starting_at(50_000_000_000);
-    let admission = support::manual(&redis, SharedLimits::new("back").request_rate(10.0, 2), &clock).await;
+    let admission = support::manual(&redis, support::limits("back").request_rate(10.0, 2), &clock).await;
     let _a = admission.try_admit(&Request::new(1, 1)).await.unwrap();
     let _b = admission.try_admit(&Request::new(1, 1)).await.unwrap();
     clock.set_nanos(40_000_000_000); // Redis' clock jumps 10 s back
@@ -182,7 +182,7 @@ proptest! {
         runtime.block_on(async {
             let clock = ManualClock::starting_at(1_700_000_000_000_000_000);
             let mut model = Model::new(rate, burst);
-            let admission = support::manual(&redis, SharedLimits::new("model").token_rate(rate, burst), &clock).await;
+            let admission = support::manual(&redis, support::limits("model").token_rate(rate, burst), &clock).await;
             let mut held = std::collections::VecDeque::new();
             for op in ops {
                 let now_us = clock.now_nanos() / 1000;

@@ -53,7 +53,7 @@ async fn overload(
 async fn three_replicas_hold_the_global_rate_under_3x_overload_for_20s() {
     let Some(redis) = support::redis() else { return };
     let (rate, burst) = (100.0, 10);
-    let limits = SharedLimits::new("overload").request_rate(rate, burst);
+    let limits = support::limits("overload").request_rate(rate, burst);
     let (admitted, elapsed_us, replicas) = overload(&redis, limits, rate, 20).await;
     let allowed = f64::from(burst) + rate * elapsed_us as f64 / 1e6;
     let ratio = admitted as f64 / (rate * elapsed_us as f64 / 1e6);
@@ -69,7 +69,7 @@ async fn three_replicas_hold_the_global_rate_under_3x_overload_for_20s() {
 async fn the_allowance_overshoots_by_at_most_replicas_times_batch() {
     let Some(redis) = support::redis() else { return };
     let (rate, burst, batch) = (100.0, 10, 10);
-    let limits = SharedLimits::new("allowance").request_rate(rate, burst).allowance(Allowance::new().requests(batch));
+    let limits = support::limits("allowance").request_rate(rate, burst).allowance(Allowance::new().requests(batch));
     let (admitted, elapsed_us, replicas) = overload(&redis, limits, rate, 5).await;
     // Tokens held in the allowances at the end were charged but not spent.
     let held: u64 = replicas.iter().map(|r| r.allowance_held().0).sum();
@@ -101,7 +101,7 @@ async fn three_replicas_never_exceed_the_shared_capacity() {
     const SLOTS: u64 = 6;
     const KV: u64 = 6_000;
     let limits =
-        SharedLimits::new("capacity").max_in_flight(SLOTS).kv_capacity(KV).poll_interval(Duration::from_millis(20));
+        support::limits("capacity").max_in_flight(SLOTS).kv_capacity(KV).poll_interval(Duration::from_millis(20));
     let mut replicas = Vec::new();
     for _ in 0..REPLICAS {
         replicas.push(support::shared(&redis, limits.clone()).await);
@@ -170,7 +170,7 @@ async fn three_replicas_never_exceed_the_shared_capacity() {
 async fn the_allowance_worst_case_is_a_full_batch_per_replica() {
     let Some(redis) = support::redis() else { return };
     let (rate, burst, batch) = (100.0, 10, 10);
-    let limits = SharedLimits::new("worst").request_rate(rate, burst).allowance(Allowance::new().requests(batch));
+    let limits = support::limits("worst").request_rate(rate, burst).allowance(Allowance::new().requests(batch));
     let mut replicas = Vec::new();
     for _ in 0..REPLICAS {
         replicas.push(support::shared(&redis, limits.clone()).await);

@@ -6,7 +6,7 @@
 mod support;
 
 use kvgate::Request;
-use kvgate_redis::{SharedLimits, TenantRates};
+use kvgate_redis::TenantRates;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -27,7 +27,7 @@ async fn invented_tenant_ids_leave_nothing_behind() {
     let Some(redis) = support::redis() else { return };
     let tenants: u64 = std::env::var("KVGATE_REDIS_TENANTS").ok().and_then(|v| v.parse().ok()).unwrap_or(100_000);
     // Each tenant's bucket is full again 2 s after its request: that is the idle time.
-    let limits = SharedLimits::new("tenants").tenant_defaults(TenantRates::new().request_rate(0.5, 1));
+    let limits = support::limits("tenants").tenant_defaults(TenantRates::new().request_rate(0.5, 1));
     let admission = support::shared(&redis, limits).await;
     drop(admission.try_admit(&Request::new(1, 1).tenant(0u64)).await.unwrap()); // scripts loaded
     let (baseline, baseline_keys) = memory(&redis).await;

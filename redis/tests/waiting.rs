@@ -9,7 +9,7 @@ use std::time::Duration;
 
 fn one_slot(name: &str) -> SharedLimits {
     // A long poll interval: a waiter that gets the slot quickly was woken by the announcement.
-    SharedLimits::new(name).max_in_flight(1).poll_interval(Duration::from_secs(30))
+    support::limits(name).max_in_flight(1).poll_interval(Duration::from_secs(30))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

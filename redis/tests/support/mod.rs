@@ -28,6 +28,12 @@ pub async fn cmd<T: redis::FromRedisValue>(redis: &LocalRedis, args: &[&str]) ->
     cmd.query_async(&mut conn).await.unwrap()
 }
 
+/// Limits under `name` with a call timeout generous enough for a loaded 2-core machine (tests about
+/// timeouts set their own after it).
+pub fn limits(name: &str) -> SharedLimits {
+    SharedLimits::new(name).call_timeout(std::time::Duration::from_secs(1))
+}
+
 /// A shared admission with no local limits around `limits`.
 pub async fn shared(redis: &LocalRedis, limits: SharedLimits) -> SharedAdmission {
     let local = Admission::builder().queue_capacity(100_000).build().unwrap();
