@@ -656,3 +656,76 @@ fn the_slab_serves_every_waiter_once_across_chunks_and_threads() {
     let s = admission.snapshot();
     assert_eq!((s.in_flight, s.queued), (0, 0));
 }
+
+/// `Admission::rate_status`: "The rate limits a request of `tenant` ... meets now". A tenant crowded into
+/// the overflow tenant is charged to the overflow tenant's buckets, but its status is reported as an
+/// untracked tenant's: full. The `x-ratelimit-remaining-*` headers then say "10 left" to a client whose
+/// next request is refused.
+#[test]
+fn rate_status_reports_the_buckets_a_tenant_is_charged_to() {
+    let (_clock, builder) = manual();
+    let admission = builder.max_tenants(4).tenant_defaults(TenantLimits::new().token_rate(0.001, 10)).build().unwrap();
+    let crowded = TenantId::from(5); // a shard with no room (see `new_tenants_get_their_own_limits...`)
+    drop(admission.try_admit(&Request::new(10, 0).tenant(crowded)).unwrap());
+    let status = admission.rate_status(Some(crowded)).tokens.unwrap();
+    let next = admission.try_admit(&Request::new(1, 0).tenant(crowded));
+    assert!(
+        next.is_ok() || status.remaining == 0,
+        "rate_status said {} tokens remain, the next 1-token request got {:?}",
+        status.remaining,
+        next.unwrap_err()
+    );
+}
+
+/// `Credit` (capacity.rs): "a hand-over never admits what a release followed by a take would refuse (after a
+/// limit shrank below the use, nothing is handed over until the use is below the limit again)". Both limits.
+#[test]
+fn a_hand_over_after_a_shrink_admits_only_what_fits_the_new_limits() {
+    let (_clock, builder) = manual();
+    let admission = builder.max_in_flight(3).kv_capacity_tokens(1000).build().unwrap();
+    let big = admission.try_admit(&Request::new(600, 0)).unwrap();
+    let small = admission.try_admit(&Request::new(300, 0)).unwrap();
+    let mut waiting = admission.admit(&Request::new(200, 0));
+    assert!(poll(&mut waiting).is_pending());
+    admission.set_kv_capacity(500).unwrap();
+    drop(small); // 600 in use > 500: nothing may be handed over
+    assert!(poll(&mut waiting).is_pending());
+    assert_eq!(admission.snapshot().kv_used, 600);
+    drop(big);
+    assert!(matches!(poll(&mut waiting), Poll::Ready(Ok(_))));
+
+    let admission = manual().1.max_in_flight(2).build().unwrap();
+    let first = admission.try_admit(&Request::new(1, 0)).unwrap();
+    let second = admission.try_admit(&Request::new(1, 0)).unwrap();
+    let mut waiting = admission.admit(&Request::new(1, 0));
+    assert!(poll(&mut waiting).is_pending());
+    admission.set_max_in_flight(1).unwrap();
+    drop(first); // 1 in flight, limit 1
+    assert!(poll(&mut waiting).is_pending());
+    assert_eq!(admission.snapshot().in_flight, 1);
+    drop(second);
+    assert!(matches!(poll(&mut waiting), Poll::Ready(Ok(_))));
+    assert_eq!(admission.snapshot().in_flight, 0);
+}
+
+/// `admit_blocking` × `close`: a thread parked without a deadline is woken by `close` and returns `Closed`;
+/// its place is given back.
+#[test]
+fn close_wakes_a_blocked_thread() {
+    let (_clock, builder) = manual();
+    let admission = builder.max_in_flight(1).build().unwrap();
+    let held = admission.try_admit(&Request::new(1, 1)).unwrap();
+    let blocked = {
+        let admission = admission.clone();
+        thread::spawn(move || admission.admit_blocking(&Request::new(1, 1), None).map(|_| ()))
+    };
+    while admission.snapshot().queued == 0 {
+        thread::yield_now();
+    }
+    admission.close();
+    let outcome = within(Duration::from_secs(20), "a blocked thread after close", move || blocked.join().unwrap());
+    assert_eq!(outcome, Err(Rejection::Closed));
+    drop(held);
+    let s = admission.snapshot();
+    assert_eq!((s.in_flight, s.queued), (0, 0));
+}
