@@ -729,3 +729,188 @@ fn close_wakes_a_blocked_thread() {
     let s = admission.snapshot();
     assert_eq!((s.in_flight, s.queued), (0, 0));
 }
+
+/// Conservation where everything meets, on threads: tenants (caps, shares, rates), global rates, waiters
+/// polled by hand and cancelled at random (queued, granted-but-uncollected), priorities, deadlines ended by
+/// `expire_waiters`, and a thread resizing both limits, then `close`. At quiescence every slot, KV unit and
+/// rate token — global and per tenant — is back, except exactly the charges of the permits granted.
+#[test]
+fn conservation_where_everything_meets() {
+    const BURST: u64 = 1 << 41;
+    const TENANT_REQUESTS: u32 = u32::MAX / 2;
+    const TENANT_TOKENS: u64 = 1 << 40;
+    let (clock, builder) = manual();
+    let admission = builder
+        .max_in_flight(8)
+        .kv_capacity_tokens(4_000)
+        .queue_capacity(16)
+        .request_rate(0.001, u32::MAX)
+        .token_rate(0.001, BURST)
+        .tenant_defaults(
+            // Smaller bursts than the global ones, so that `rate_status` (the tighter of the global bucket and
+            // the tenant's) shows the tenant's.
+            TenantLimits::new()
+                .max_in_flight(3)
+                .kv_share(0.5)
+                .request_rate(0.001, TENANT_REQUESTS)
+                .token_rate(0.001, TENANT_TOKENS),
+        )
+        .tenant_limits("heavy", TenantLimits::new().max_in_flight(6).weight(3))
+        .build()
+        .unwrap();
+    let tenants = ["alice", "bob", "heavy"];
+    let granted = Arc::new(Mutex::new(std::collections::HashMap::<Option<&'static str>, (u64, u64)>::new()));
+    let ops = if cfg!(miri) { 100 } else { 3_000 };
+    let workers: Vec<_> = (0..3u64)
+        .map(|seed| {
+            let admission = admission.clone();
+            let granted = Arc::clone(&granted);
+            thread::spawn(move || {
+                let mut rng = 0x9E37_79B9_7F4A_7C15u64 ^ (seed + 1).wrapping_mul(0xD1B5_4A32_D192_ED03);
+                let mut next = move || {
+                    rng ^= rng >> 12;
+                    rng ^= rng << 25;
+                    rng ^= rng >> 27;
+                    rng.wrapping_mul(0x2545_F491_4F6C_DD1D)
+                };
+                let mut held: Vec<Permit> = Vec::new();
+                let mut waiting: Vec<(Admit, Option<&'static str>, u64)> = Vec::new();
+                let mut count = |tenant: Option<&'static str>, tokens: u64| {
+                    let mut g = granted.lock().unwrap();
+                    let e = g.entry(tenant).or_default();
+                    e.0 += 1;
+                    e.1 += tokens;
+                };
+                for _ in 0..ops {
+                    let r = next();
+                    let tenant = match r % 4 {
+                        0 => None,
+                        n => Some(tenants[(n - 1) as usize]),
+                    };
+                    let tokens = 50 + (r >> 8) % 700;
+                    let priority = [Priority::Batch, Priority::Normal, Priority::Interactive][((r >> 20) % 3) as usize];
+                    let mut request = Request::new(tokens as u32, 0).priority(priority);
+                    if let Some(t) = tenant {
+                        request = request.tenant(t);
+                    }
+                    if (r >> 30) % 5 == 0 {
+                        request = request.max_wait(Duration::from_secs(1));
+                    }
+                    match (r >> 24) % 6 {
+                        0 | 1 => {
+                            if let Ok(p) = admission.try_admit(&request) {
+                                count(tenant, tokens);
+                                held.push(p);
+                            }
+                        }
+                        2 | 3 => {
+                            let mut fut = admission.admit(&request);
+                            match poll(&mut fut) {
+                                Poll::Ready(Ok(p)) => {
+                                    count(tenant, tokens);
+                                    held.push(p);
+                                }
+                                Poll::Ready(Err(_)) => {}
+                                Poll::Pending => waiting.push((fut, tenant, tokens)),
+                            }
+                        }
+                        4 => {
+                            // Generations end: half of this worker's permits go back.
+                            let keep = held.len() / 2;
+                            held.truncate(keep);
+                        }
+                        _ => {
+                            if !waiting.is_empty() && (r >> 50) % 3 == 0 {
+                                // Cancelled: queued, or granted and never collected.
+                                let i = (r >> 40) as usize % waiting.len();
+                                drop(waiting.swap_remove(i));
+                            }
+                            // An executor's turn: every waiter is polled, grants are collected.
+                            for (mut fut, tenant, tokens) in std::mem::take(&mut waiting) {
+                                match poll(&mut fut) {
+                                    Poll::Ready(Ok(p)) => {
+                                        count(tenant, tokens);
+                                        held.push(p);
+                                    }
+                                    Poll::Ready(Err(_)) => {}
+                                    Poll::Pending => waiting.push((fut, tenant, tokens)),
+                                }
+                            }
+                        }
+                    }
+                    let s = admission.snapshot();
+                    assert!(s.kv_used <= 4_000 + 2_000, "{s:?}");
+                    for (id, n) in admission.busiest_tenants(4) {
+                        let cap = if id == TenantId::from("heavy") { 6 } else { 3 };
+                        assert!(n <= cap, "{id} holds {n} > {cap}");
+                    }
+                }
+                drop(held); // a finished worker holds nothing that would starve the others
+                waiting
+            })
+        })
+        .collect();
+    let resizer = {
+        let admission = admission.clone();
+        let clock = clock.clone();
+        thread::spawn(move || {
+            for i in 0..if cfg!(miri) { 20 } else { 500 } {
+                admission.set_kv_capacity([4_000, 2_500, 6_000][i % 3]).unwrap();
+                admission.set_max_in_flight([8, 3, 12][i % 3]).unwrap();
+                if i % 50 == 0 {
+                    clock.advance(Duration::from_millis(300));
+                    admission.expire_waiters();
+                }
+                thread::yield_now();
+            }
+            admission.set_kv_capacity(4_000).unwrap();
+            admission.set_max_in_flight(8).unwrap();
+        })
+    };
+    let mut left = Vec::new();
+    for w in workers {
+        left.push(w.join().unwrap());
+    }
+    resizer.join().unwrap();
+    admission.close();
+    for waiting in left {
+        for (mut fut, tenant, tokens) in waiting {
+            match poll(&mut fut) {
+                Poll::Ready(Ok(p)) => {
+                    let mut g = granted.lock().unwrap();
+                    let e = g.entry(tenant).or_default();
+                    e.0 += 1;
+                    e.1 += tokens;
+                    drop(p);
+                }
+                Poll::Ready(Err(_)) => {}
+                Poll::Pending => panic!("a waiter still waits after close"),
+            }
+        }
+    }
+    let s = admission.snapshot();
+    assert_eq!((s.in_flight, s.kv_used, s.queued), (0, 0, 0), "{s:?}");
+    assert_eq!(admission.busiest_tenants(8), Vec::new());
+    let granted = granted.lock().unwrap();
+    let total = granted.values().fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+    assert!(
+        total.0 >= 20,
+        "the workload admitted too little to prove anything: {total:?} {:?}",
+        admission.snapshot()
+    );
+    let global = admission.rate_status(None);
+    assert_eq!(
+        (global.requests.unwrap().remaining, global.tokens.unwrap().remaining),
+        (u64::from(u32::MAX) - total.0, BURST - total.1),
+        "global buckets"
+    );
+    for t in ["alice", "bob"] {
+        let (n, tokens) = granted.get(&Some(t)).copied().unwrap_or_default();
+        let status = admission.rate_status(Some(TenantId::from(t)));
+        assert_eq!(
+            (status.requests.unwrap().remaining, status.tokens.unwrap().remaining),
+            (u64::from(TENANT_REQUESTS) - n, TENANT_TOKENS - tokens),
+            "{t}'s buckets"
+        );
+    }
+}
