@@ -775,7 +775,7 @@ fn conservation_where_everything_meets() {
                 };
                 let mut held: Vec<Permit> = Vec::new();
                 let mut waiting: Vec<(Admit, Option<&'static str>, u64)> = Vec::new();
-                let mut count = |tenant: Option<&'static str>, tokens: u64| {
+                let count = |tenant: Option<&'static str>, tokens: u64| {
                     let mut g = granted.lock().unwrap();
                     let e = g.entry(tenant).or_default();
                     e.0 += 1;
