@@ -893,11 +893,7 @@ fn conservation_where_everything_meets() {
     assert_eq!(admission.busiest_tenants(8), Vec::new());
     let granted = granted.lock().unwrap();
     let total = granted.values().fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
-    assert!(
-        total.0 >= 20,
-        "the workload admitted too little to prove anything: {total:?} {:?}",
-        admission.snapshot()
-    );
+    assert!(total.0 >= 20, "the workload admitted too little to prove anything: {total:?} {:?}", admission.snapshot());
     let global = admission.rate_status(None);
     assert_eq!(
         (global.requests.unwrap().remaining, global.tokens.unwrap().remaining),
@@ -913,4 +909,66 @@ fn conservation_where_everything_meets() {
             "{t}'s buckets"
         );
     }
+}
+
+/// `Admission::try_admit`: "Cost: a few compare-and-swaps ..., no lock and no allocation — for a request
+/// without a tenant, or of a tenant already tracked ... Exceptions, stated exactly: a tenant seen for the
+/// first time ...; and a request that took capacity and must give it back ... runs the dispatcher". A
+/// *granted* request of a tenant that has waiters also runs the dispatcher (`decision.rs`, step 4: "The
+/// tenant has less room now ..."), so it waits for the waiting room's lock.
+///
+/// The lock is held from user code for the test: a waiter is polled with a waker whose `clone` stops (see
+/// `a_waiters_new_waker_is_cloned_outside_the_lock`: it runs under the lock). Then a `try_admit` of a known
+/// tenant with a parked waiter runs on another thread; it must finish while the lock is held. (Once wakers
+/// are cloned outside the lock this instrument no longer holds the lock and the test passes vacuously.)
+#[test]
+fn try_admit_of_a_known_tenant_takes_no_lock() {
+    let (_clock, builder) = manual();
+    let admission =
+        builder.kv_capacity_tokens(1000).tenant_defaults(TenantLimits::new().kv_share(0.5)).build().unwrap();
+    let _hers = admission.try_admit(&Request::new(400, 0).tenant("alice")).unwrap();
+    let mut parked = admission.admit(&Request::new(200, 0).tenant("alice").priority(Priority::Batch));
+    assert!(poll(&mut parked).is_pending(), "400 + 200 is over alice's share of 500");
+    let mut big = admission.admit(&Request::new(700, 0)); // waits for global KV
+    assert!(poll(&mut big).is_pending());
+    let (in_clone_tx, in_clone_rx) = mpsc::channel::<()>();
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    let (in_clone_tx, go_rx) = (Mutex::new(Some(in_clone_tx)), Mutex::new(Some(go_rx)));
+    let stopper = CloneHook::waker(move || {
+        if let Some(tx) = in_clone_tx.lock().unwrap().take() {
+            tx.send(()).unwrap();
+            go_rx.lock().unwrap().take().unwrap().recv().unwrap();
+        }
+    });
+    let holder = thread::spawn(move || {
+        let _ = poll_with(&mut big, &stopper);
+        big
+    });
+    in_clone_rx.recv().unwrap(); // the room's lock is held now
+    // Control: a request without a tenant is admitted while the lock is held (no lock, as documented).
+    let control = {
+        let admission = admission.clone();
+        within(Duration::from_secs(10), "the control try_admit", move || {
+            // The permit is returned, not dropped: its drop would run a pass (others wait) and take the lock.
+            admission.try_admit(&Request::new(10, 0).priority(Priority::Interactive))
+        })
+    };
+    assert_eq!(control.as_ref().map(Permit::kv_reserved), Ok(10));
+    let (done_tx, done_rx) = mpsc::channel();
+    let racer = {
+        let admission = admission.clone();
+        thread::spawn(move || {
+            let outcome = admission.try_admit(&Request::new(50, 0).tenant("alice").priority(Priority::Interactive));
+            done_tx.send(outcome).unwrap();
+        })
+    };
+    let finished = done_rx.recv_timeout(Duration::from_secs(10));
+    go_tx.send(()).unwrap();
+    let _big = holder.join().unwrap();
+    racer.join().unwrap();
+    let waited = finished.is_err();
+    let outcome = finished.unwrap_or_else(|_| done_rx.recv().unwrap());
+    assert_eq!(outcome.as_ref().map(Permit::kv_reserved), Ok(50));
+    drop((outcome, control));
+    assert!(!waited, "try_admit of a known tenant waited for the waiting room's lock");
 }
