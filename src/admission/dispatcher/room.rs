@@ -206,34 +206,45 @@ impl Dispatcher {
 
     /// Looks at a waiter for its owner: `None` while it waits (after registering `waker`), or how its
     /// wait ended (its entry is then gone). A waiter whose deadline is at or before `now` ends `TimedOut`.
-    pub(crate) fn poll(&self, res: Resources<'_>, key: WaiterKey, now: u64, waker: Option<&Waker>) -> Option<Outcome> {
+    pub(crate) fn poll(&self, res: Resources<'_>, key: WaiterKey, now: u64, waker: Option<Waker>) -> Option<Outcome> {
         if key.granted() {
             return Some(Outcome::Granted);
         }
         let mut wakes = WakeList::new();
+        // User values (wakers) that leave the room are dropped after the lock is released.
+        let mut outside = Outside::default();
         let mut room = sync::lock(&self.room);
-        if key.granted() {
-            return Some(Outcome::Granted);
-        }
-        let waiter = room.waiters.get_mut(key.index());
-        let outcome = match waiter.state {
-            WaitState::Waiting if now < waiter.deadline => {
-                if let Some(waker) = waker {
-                    waiter.notify.update(waker);
+        let outcome = if key.granted() {
+            Outcome::Granted
+        } else {
+            let waiter = room.waiters.get_mut(key.index());
+            match waiter.state {
+                WaitState::Waiting if now < waiter.deadline => {
+                    if let Some(waker) = waker {
+                        outside.waker = waiter.notify.update(waker);
+                    }
+                    drop(room);
+                    outside.drop_all(res);
+                    return None;
                 }
-                return None;
+                WaitState::Waiting => {
+                    outside.wake = room.leave(res, self, key.index(), WaitState::TimedOut);
+                    // It may have been the head holding others back.
+                    room = self.run_passes(res, room, &mut wakes);
+                    outside.waiter = Some(room.waiters.remove(key.index()));
+                    Outcome::Ended(Rejection::TimedOut)
+                }
+                state => {
+                    let outcome = outcome_of(state, waiter.kv);
+                    outside.waiter = Some(room.waiters.remove(key.index()));
+                    outcome
+                }
             }
-            WaitState::Waiting => {
-                let _ = room.leave(res, self, key.index(), WaitState::TimedOut);
-                // It may have been the head holding others back.
-                room = self.run_passes(res, room, &mut wakes);
-                Outcome::Ended(Rejection::TimedOut)
-            }
-            state => outcome_of(state, waiter.kv),
         };
-        room.waiters.remove(key.index());
         drop(room);
+        outside.waker = waker;
         self.wake(res, &mut wakes);
+        outside.drop_all(res);
         Some(outcome)
     }
 
@@ -248,6 +259,7 @@ impl Dispatcher {
         tenant: Option<&Arc<dyn TenantHandle>>,
     ) -> bool {
         let mut wakes = WakeList::new();
+        let mut outside = Outside::default();
         let mut room = sync::lock(&self.room);
         let granted = key.granted();
         let mut credit = Credit::default();
@@ -266,18 +278,20 @@ impl Dispatcher {
         } else {
             let waiting = room.waiters.get(key.index()).state == WaitState::Waiting;
             if waiting {
-                // Its own wake-up is not needed: its owner is the one leaving.
-                let _ = room.leave(res, self, key.index(), WaitState::Closed);
+                // Its own wake-up is not run (its owner is the one leaving), only dropped, outside.
+                outside.wake = room.leave(res, self, key.index(), WaitState::Closed);
             }
-            room.waiters.remove(key.index());
+            outside.waiter = Some(room.waiters.remove(key.index()));
             if !waiting {
                 drop(room);
+                outside.drop_all(res);
                 return false;
             }
         }
         room = self.run_passes_with(res, room, &mut wakes, credit);
         drop(room);
         self.wake(res, &mut wakes);
+        outside.drop_all(res);
         granted
     }
 
@@ -512,6 +526,31 @@ impl Dispatcher {
             tenant.core().add_queued(delta);
         }
     }
+}
+
+/// User values taken out of the room under its lock — a waiter's waker, its wake-up, a replaced waker —
+/// dropped after the lock is released, each drop panic-contained (a waker's drop is user code).
+#[derive(Default)]
+struct Outside {
+    waiter: Option<Waiter>,
+    wake: Option<super::waiter::Wake>,
+    waker: Option<Waker>,
+}
+
+impl Outside {
+    fn drop_all(&mut self, res: Resources<'_>) {
+        let (waiter, wake, waker) = (self.waiter.take(), self.wake.take(), self.waker.take());
+        for panicked in [drop_contained(waiter), drop_contained(wake), drop_contained(waker)] {
+            if panicked {
+                res.stats.count_waker_panic();
+            }
+        }
+    }
+}
+
+/// Drops `value`; true if its drop panicked (the panic is contained).
+fn drop_contained<T>(value: T) -> bool {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(value))).is_err()
 }
 
 fn duration_nanos(d: std::time::Duration) -> u64 {
