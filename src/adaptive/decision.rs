@@ -1,0 +1,69 @@
+//! The record of one decision: what the controller measured and what it did to the limit.
+
+use std::time::Duration;
+
+/// Why the controller moved the limit, or left it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Reason {
+    /// A quantile was above its target: the limit went down in proportion (at most to
+    /// [`max_backoff`](super::AdaptiveConfig::max_backoff) of itself), and the old limit became the
+    /// ceiling near which later growth is careful.
+    OverTarget,
+    /// Requests were admitted but none reached its first token for a long time (at least ten
+    /// intervals and twice the SLO): the limit went down by [`max_backoff`](super::AdaptiveConfig::max_backoff).
+    Stalled,
+    /// Every quantile was below `tolerance × target` and the limit was in use: it went up.
+    Slack,
+    /// A quantile was between `tolerance × target` and the target: the limit held.
+    InBand,
+    /// The quantiles left room, but fewer requests were in flight than 90 % of the limit (another limit,
+    /// such as the KV budget, or the demand, bounds the concurrency): the limit held, so that it cannot
+    /// inflate without evidence.
+    NotLimited,
+}
+
+impl Reason {
+    /// A short name for logs and metrics labels.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Reason::OverTarget => "over_target",
+            Reason::Stalled => "stalled",
+            Reason::Slack => "slack",
+            Reason::InBand => "in_band",
+            Reason::NotLimited => "not_limited",
+        }
+    }
+}
+
+/// One decision of an [`AdaptiveConcurrency`](super::AdaptiveConcurrency) controller.
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
+pub struct Decision {
+    /// When it was taken (the `now` given to `tick`).
+    pub at: Duration,
+    /// The limit before.
+    pub from: usize,
+    /// The limit after (equal to `from` when it held).
+    pub to: usize,
+    /// Why.
+    pub reason: Reason,
+    /// The measured load: the largest of each quantile divided by its target (1.0: exactly on target).
+    pub load: f64,
+    /// The quantile of the queueing part of the time to first token (the request's own prefill
+    /// discounted), over the samples of this decision.
+    pub ttft_delay: Option<Duration>,
+    /// The quantile of the time per output token, when a TPOT SLO is set and enough requests finished.
+    pub tpot: Option<Duration>,
+    /// The prefill time per prompt token discounted from each TTFT (the slope of TTFT against prompt
+    /// length, smoothed over decisions).
+    pub prefill_per_token: Option<Duration>,
+    /// TTFT samples the decision used.
+    pub samples: usize,
+}
+
+impl Decision {
+    /// Whether the limit changed.
+    pub fn changed(&self) -> bool {
+        self.from != self.to
+    }
+}

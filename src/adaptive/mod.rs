@@ -1,0 +1,115 @@
+//! Adaptive concurrency: a controller that moves an [`Admission`](crate::Admission)'s `max_in_flight`
+//! between bounds so that the time to first token (TTFT) stays within an SLO — the operator states the
+//! latency users were promised, not a concurrency limit guessed for one traffic mix.
+//!
+//! The controller is optional and runtime-free: the application reports what happens to admitted requests
+//! ([`AdaptiveConcurrency::observe`] with an [`Observation`]) and calls [`AdaptiveConcurrency::tick`] with
+//! the admission clock's time. It acts only through [`Admission::set_max_in_flight`](crate::Admission::set_max_in_flight).
+//!
+//! # The signals, and why these
+//! - **TTFT from admission, its own prefill discounted** (always). TTFT is what the SLO is about, and it
+//!   answers a limit change within one prefill (a second or two), where end-to-end latency answers only
+//!   after whole generations. But a raw TTFT mixes two things: the wait behind other work, which the limit
+//!   controls, and the request's own prefill, which grows with its prompt and which no limit can shorten.
+//!   A controller fed raw TTFTs reads a shift to long documents as congestion and cuts the limit for
+//!   nothing. So each sample is normalised per prompt token: the controller fits the prefill time per
+//!   prompt token (the slope of TTFT against prompt length over the decision's samples, which a delay
+//!   common to all requests does not bias) and measures each request's *queueing delay*
+//!   `TTFT − prompt_tokens × per_token`.
+//! - **Time per output token** (optional, [`AdaptiveConfig::tpot_slo`]): per token by construction, it
+//!   measures decode congestion — a batch so large, or so interleaved with prefills, that every step is
+//!   slow. It lags (a sample exists only once a generation ends), so it is a second constraint, not the
+//!   driver.
+//!
+//! # The control law (one decision per [`interval`](AdaptiveConfig::interval), given at least
+//! [`min_samples`](AdaptiveConfig::min_samples) TTFT samples)
+//! ```text
+//! load = max( q(queueing delay) / (target_share × ttft_slo),  q(TPOT) / tpot_slo )     q: the quantile (p90)
+//! load > 1                       → limit × max(1/load, max_backoff), at least one less; remember the ceiling
+//! tolerance ≤ load ≤ 1           → hold (the dead band)
+//! load < tolerance, limit in use → limit × min(tolerance/load, max_growth), at least one more;
+//!                                  near a recent ceiling: +2 % a decision; below it: no further than 95 % of it
+//! load < tolerance, not in use   → hold (fewer than 90 % of the slots are taken)
+//! no first token at all for 10 intervals (and 2 × SLO) while requests were admitted → limit × max_backoff
+//! ```
+//!
+//! # Known pitfalls of gradient controllers, and what this one does about them
+//! - **A drifting minimum RTT.** Netflix's Gradient2 compares a short-term latency with a long-term one
+//!   that follows the short-term one under sustained load, so after a while overload looks normal and the
+//!   limit stops falling; Envoy's adaptive concurrency compares with a minimum RTT that must be
+//!   re-measured by periodically dropping concurrency to a few requests (a throughput dip every interval),
+//!   and that is stale in between. Here the reference is the operator's SLO, which does not drift, and
+//!   nothing measured is kept beyond a decision except the smoothed prefill slope (an average of fits, not
+//!   a minimum, so it cannot ratchet). No probing dip is needed.
+//! - **Oscillation.** Each decision sees only samples of requests admitted *after* the last change (a
+//!   request admitted under the old limit describes the old limit), so one overload is not punished
+//!   twice; a dead band between `tolerance × target` and the target holds the limit; decreases are in
+//!   proportion to the overshoot, not a fixed halving; and after a miss the limit comes back fast to
+//!   95 % of where it missed, then probes by about 2 % a decision (the ceiling is forgotten after
+//!   [`ceiling_ttl`](AdaptiveConfig::ceiling_ttl), or once the limit passes it by 10 % without a miss, so
+//!   a changed workload is re-probed).
+//! - **Collapse under a latency floor.** A latency that does not come from concurrency (long prompts,
+//!   network time) drives a latency-ratio controller to its minimum, where throughput collapses and the
+//!   latency does not improve. The per-token discount removes the floor that LLM traffic has — the
+//!   prefill of long prompts — and the limit never leaves [`limits`](AdaptiveConfig::limits): set the
+//!   minimum to the concurrency below which the engine's throughput falls apart.
+//! - **Inflation without evidence.** The limit grows only while at least 90 % of it is in use, so an idle
+//!   period, or a KV budget that binds first, cannot inflate it into a burst later.
+//! - **Silence is not health.** When requests are admitted but no first token comes back for ten
+//!   intervals and twice the SLO, the limit goes down; an [`Observation::Abandoned`] (a request that left
+//!   without a first token) counts as a TTFT of at least its wait.
+//!
+//! # Invariants
+//! - The limit stays within the configured bounds; it changes only in [`tick`](AdaptiveConcurrency::tick),
+//!   at most once per interval.
+//! - Memory is fixed when the controller is built: two sample windows of
+//!   [`window`](AdaptiveConfig::window) entries and one scratch buffer; `observe` never allocates.
+//! - Determinism: the controller reads no clock; the same observations and ticks give the same limits.
+//!
+//! # Examples
+//!
+//! A server shares the controller between its handlers behind a mutex and ticks it on every
+//! observation:
+//!
+//! ```
+//! use kvgate::adaptive::{AdaptiveConcurrency, AdaptiveConfig, Observation};
+//! use kvgate::clock::{Clock, ManualClock};
+//! use kvgate::{Admission, Request};
+//! use parking_lot::Mutex;
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//!
+//! let clock = ManualClock::new(); // a server uses the default MonotonicClock
+//! let admission = Admission::builder().clock(clock.clone()).kv_capacity_tokens(1_000_000).build()?;
+//! let controller = Arc::new(Mutex::new(AdaptiveConcurrency::new(
+//!     admission.clone(),
+//!     AdaptiveConfig::new(Duration::from_secs(2)).limits(4, 512),
+//! )?));
+//! let now = || Duration::from_nanos(admission.clock().now_nanos());
+//!
+//! // In a handler:
+//! let permit = admission.try_admit(&Request::new(1200, 512)).unwrap();
+//! clock.advance(Duration::from_millis(300)); // ... the first token streams out ...
+//! let first_token_at = now();
+//! {
+//!     let mut c = controller.lock();
+//!     c.observe(Observation::first_token(&permit, first_token_at));
+//!     c.tick(now());
+//! }
+//! clock.advance(Duration::from_secs(4)); // ... the last token streams out ...
+//! controller.lock().observe(Observation::finished(180, first_token_at, now()));
+//! permit.complete(180);
+//! # Ok::<(), kvgate::ConfigError>(())
+//! ```
+
+mod config;
+mod controller;
+mod decision;
+mod law;
+mod observation;
+mod window;
+
+pub use config::{AdaptiveConfig, MAX_WINDOW};
+pub use controller::AdaptiveConcurrency;
+pub use decision::{Decision, Reason};
+pub use observation::Observation;
