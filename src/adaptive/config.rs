@@ -7,26 +7,11 @@ use std::time::Duration;
 
 /// The settings of an [`AdaptiveConcurrency`](super::AdaptiveConcurrency) controller.
 ///
-/// Only the SLO is required; the defaults suit a server whose requests reach their first token within a
-/// second or two. The controller aims the `quantile` of the queueing part of the time to first token
-/// (measured from admission, the request's own prefill discounted) at `target_share × ttft_slo`, leaving
-/// the rest of the SLO to the wait in kvgate's queue and to a client's retry.
-///
-/// | setting | default | meaning |
-/// |---|---|---|
-/// | [`ttft_slo`](Self::new) | — | the time to first token promised to users |
-/// | [`target_share`](Self::target_share) | 0.5 | share of the SLO the engine-side queueing may use |
-/// | [`tpot_slo`](Self::tpot_slo) | none | a time per output token to keep too (decode congestion) |
-/// | [`quantile`](Self::quantile) | 0.9 | which quantile of the samples must meet the targets |
-/// | [`limits`](Self::limits) | 1 ..= 4096 | the bounds of `max_in_flight` |
-/// | [`initial_limit`](Self::initial_limit) | 16 (clamped to the bounds) | the limit set when the controller starts |
-/// | [`interval`](Self::interval) | 1 s | shortest time between two decisions |
-/// | [`min_samples`](Self::min_samples) | 16 | samples a decision needs |
-/// | [`tolerance`](Self::tolerance) | 0.8 | below `tolerance × target` the limit may grow; between it and the target it holds |
-/// | [`max_growth`](Self::max_growth) | 1.25 | largest factor of one increase |
-/// | [`max_backoff`](Self::max_backoff) | 0.5 | smallest factor of one decrease |
-/// | [`ceiling_ttl`](Self::ceiling_ttl) | 60 s | how long the limit at the last violation slows growth near it |
-/// | [`window`](Self::window) | 2048 | samples kept per decision (older ones are overwritten) |
+/// Only the SLO is required ([`AdaptiveConfig::new`]); the other fields have defaults that suit a server
+/// whose requests reach their first token within a second or two. The controller aims the `quantile` of
+/// the queueing part of the time to first token (measured from admission, the request's own prefill
+/// discounted) at `target_share × ttft_slo`, leaving the rest of the SLO to the wait in kvgate's queue
+/// and to a client's retry. [`validate`](Self::validate) checks every field.
 ///
 /// # Examples
 ///
@@ -34,38 +19,60 @@ use std::time::Duration;
 /// use kvgate::adaptive::AdaptiveConfig;
 /// use std::time::Duration;
 ///
-/// let config = AdaptiveConfig::new(Duration::from_secs(2))
-///     .tpot_slo(Duration::from_millis(60))
-///     .limits(4, 512)
-///     .initial_limit(64);
+/// let config = AdaptiveConfig {
+///     tpot_slo: Some(Duration::from_millis(60)),
+///     min_limit: 4,
+///     max_limit: 512,
+///     initial_limit: 64,
+///     ..AdaptiveConfig::new(Duration::from_secs(2))
+/// };
 /// config.validate()?;
 /// assert_eq!(config.ttft_target(), Duration::from_secs(1)); // half of the SLO by default
 /// # Ok::<(), kvgate::ConfigError>(())
 /// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct AdaptiveConfig {
-    pub(super) ttft_slo: Duration,
-    pub(super) target_share: f64,
-    pub(super) tpot_slo: Option<Duration>,
-    pub(super) quantile: f64,
-    pub(super) min_limit: usize,
-    pub(super) max_limit: usize,
-    pub(super) initial_limit: usize,
-    pub(super) interval: Duration,
-    pub(super) min_samples: usize,
-    pub(super) tolerance: f64,
-    pub(super) max_growth: f64,
-    pub(super) max_backoff: f64,
-    pub(super) ceiling_ttl: Duration,
-    pub(super) window: usize,
+    /// The time to first token promised to users (above 0).
+    pub ttft_slo: Duration,
+    /// The share of the SLO that queueing in the engine may take, in `(0, 1]` (default 0.5): the TTFT
+    /// target is `target_share × ttft_slo`.
+    pub target_share: f64,
+    /// A time per output token to keep too (decode congestion); default none.
+    pub tpot_slo: Option<Duration>,
+    /// The quantile of the samples that must meet the targets, in `(0, 1]` (default 0.9).
+    pub quantile: f64,
+    /// The lowest limit, at least 1 (default 1): set it to the concurrency below which the engine's
+    /// throughput falls apart.
+    pub min_limit: usize,
+    /// The highest limit, at least `min_limit` (default 4096).
+    pub max_limit: usize,
+    /// The limit set when the controller starts, clamped to the bounds (default 16).
+    pub initial_limit: usize,
+    /// The shortest time between two decisions, above 0 (default 1 s).
+    pub interval: Duration,
+    /// The TTFT samples a decision needs, at least 1 (default 16).
+    pub min_samples: usize,
+    /// The lower edge of the band in which the limit holds, as a share of the target, in `(0, 1]`
+    /// (default 0.8): below it the limit may grow, between it and the target it holds.
+    pub tolerance: f64,
+    /// The largest factor of one increase, above 1 (default 1.1).
+    pub max_growth: f64,
+    /// The smallest factor of one decrease, in `(0, 1)` (default 0.5).
+    pub max_backoff: f64,
+    /// How long the limit at which the target was last missed slows the growth near it (default 60 s;
+    /// zero: never).
+    pub ceiling_ttl: Duration,
+    /// Samples kept per decision and signal, from `min_samples` to [`MAX_WINDOW`] (default 2048; older
+    /// samples are overwritten).
+    pub window: usize,
 }
 
 /// Largest accepted [`AdaptiveConfig::window`]: the memory of the sample windows stays bounded.
 pub const MAX_WINDOW: usize = 1 << 16;
 
 impl AdaptiveConfig {
-    /// A controller that keeps the time to first token within `ttft_slo`, with the defaults listed on
-    /// [`AdaptiveConfig`].
+    /// A controller that keeps the time to first token within `ttft_slo`, every other field at its
+    /// default.
     pub fn new(ttft_slo: Duration) -> Self {
         Self {
             ttft_slo,
@@ -78,100 +85,16 @@ impl AdaptiveConfig {
             interval: Duration::from_secs(1),
             min_samples: 16,
             tolerance: 0.8,
-            max_growth: 1.25,
+            max_growth: 1.1,
             max_backoff: 0.5,
             ceiling_ttl: Duration::from_secs(60),
             window: 2048,
         }
     }
 
-    /// The share of the TTFT SLO that queueing in the engine may take, in `(0, 1]`: the controller's TTFT
-    /// target is `share × ttft_slo`.
-    pub fn target_share(mut self, share: f64) -> Self {
-        self.target_share = share;
-        self
-    }
-
-    /// Also keep the time per output token (between the first and the last token) within `tpot`.
-    pub fn tpot_slo(mut self, tpot: Duration) -> Self {
-        self.tpot_slo = Some(tpot);
-        self
-    }
-
-    /// The quantile of the samples that must meet the targets, in `(0, 1]` (1.0: the worst sample).
-    pub fn quantile(mut self, quantile: f64) -> Self {
-        self.quantile = quantile;
-        self
-    }
-
-    /// The bounds of `max_in_flight`: `min ≥ 1`, `min ≤ max`.
-    pub fn limits(mut self, min: usize, max: usize) -> Self {
-        self.min_limit = min;
-        self.max_limit = max;
-        self
-    }
-
-    /// The limit set when the controller starts (clamped to the bounds).
-    pub fn initial_limit(mut self, limit: usize) -> Self {
-        self.initial_limit = limit;
-        self
-    }
-
-    /// The shortest time between two decisions (above 0).
-    pub fn interval(mut self, interval: Duration) -> Self {
-        self.interval = interval;
-        self
-    }
-
-    /// The samples a decision needs (at least 1).
-    pub fn min_samples(mut self, samples: usize) -> Self {
-        self.min_samples = samples;
-        self
-    }
-
-    /// The lower edge of the band in which the limit holds, as a share of the target, in `(0, 1]`.
-    pub fn tolerance(mut self, tolerance: f64) -> Self {
-        self.tolerance = tolerance;
-        self
-    }
-
-    /// The largest factor of one increase, above 1.
-    pub fn max_growth(mut self, factor: f64) -> Self {
-        self.max_growth = factor;
-        self
-    }
-
-    /// The smallest factor of one decrease, in `(0, 1)`.
-    pub fn max_backoff(mut self, factor: f64) -> Self {
-        self.max_backoff = factor;
-        self
-    }
-
-    /// How long the limit at which the target was last missed slows the growth near it (zero: never).
-    pub fn ceiling_ttl(mut self, ttl: Duration) -> Self {
-        self.ceiling_ttl = ttl;
-        self
-    }
-
-    /// Samples kept per decision, per signal (at least `min_samples`, at most [`MAX_WINDOW`]).
-    pub fn window(mut self, samples: usize) -> Self {
-        self.window = samples;
-        self
-    }
-
-    /// The TTFT SLO.
-    pub fn ttft_slo(&self) -> Duration {
-        self.ttft_slo
-    }
-
     /// What the queueing part of the TTFT is aimed at: `target_share × ttft_slo`.
     pub fn ttft_target(&self) -> Duration {
         self.ttft_slo.mul_f64(self.target_share)
-    }
-
-    /// The bounds of the limit, `(min, max)`.
-    pub fn bounds(&self) -> (usize, usize) {
-        (self.min_limit, self.max_limit)
     }
 
     /// Checks every setting.

@@ -11,6 +11,9 @@ use crate::clock::{Clock, MonotonicClock};
 use crate::error::ConfigError;
 use std::time::Duration;
 
+/// The share of the TTFT target that the prefills released by one increase may take.
+const BURST_SHARE: f64 = 0.5;
+
 /// A TTFT sample: seconds from admission to the first token (or to abandonment), and the prompt's tokens.
 #[derive(Debug, Clone, Copy)]
 struct TtftSample {
@@ -43,7 +46,7 @@ struct TtftSample {
 ///
 /// let clock = ManualClock::new();
 /// let admission = Admission::builder().clock(clock.clone()).build()?;
-/// let config = AdaptiveConfig::new(Duration::from_secs(2)).limits(1, 64).initial_limit(8).min_samples(4);
+/// let config = AdaptiveConfig { max_limit: 64, initial_limit: 8, min_samples: 4, ..AdaptiveConfig::new(Duration::from_secs(2)) };
 /// let mut controller = AdaptiveConcurrency::new(admission.clone(), config)?;
 /// assert_eq!(admission.snapshot().max_in_flight, 8);
 ///
@@ -58,8 +61,8 @@ struct TtftSample {
 /// clock.advance(Duration::from_secs(1));
 /// let decision = controller.tick(now()).expect("an interval passed with enough samples");
 /// assert_eq!(decision.reason, Reason::Slack); // far below the 1 s target, and the limit is in use
-/// assert_eq!((decision.from, decision.to), (8, 10));
-/// assert_eq!(admission.snapshot().max_in_flight, 10);
+/// assert_eq!((decision.from, decision.to), (8, 9)); // up by 10 %, at least one
+/// assert_eq!(admission.snapshot().max_in_flight, 9);
 /// # Ok::<(), kvgate::ConfigError>(())
 /// ```
 #[derive(Debug)]
@@ -93,7 +96,7 @@ impl<C: Clock> AdaptiveConcurrency<C> {
     /// The [`ConfigError`] of [`AdaptiveConfig::validate`].
     pub fn new(admission: Admission<C>, config: AdaptiveConfig) -> Result<Self, ConfigError> {
         config.validate()?;
-        let (min, max) = config.bounds();
+        let (min, max) = (config.min_limit, config.max_limit);
         let limit = config.initial_limit.clamp(min, max);
         admission.set_max_in_flight(limit)?;
         let window = config.window;
@@ -173,8 +176,11 @@ impl<C: Clock> AdaptiveConcurrency<C> {
         }
         let min_samples = self.config.min_samples;
         let tpot_ready = self.tpot.len() >= min_samples;
+        let mut max_step = usize::MAX;
         let (load, ttft_delay, prefill_per_token) = if self.ttft.len() >= min_samples {
-            self.ttft_load()
+            let measured = self.ttft_load();
+            max_step = self.burst_budget();
+            measured
         } else {
             let admitted = snapshot.admitted.saturating_sub(self.admitted_at_start);
             let stall_after = (self.config.interval * 10).max(self.config.ttft_slo * 2);
@@ -192,12 +198,12 @@ impl<C: Clock> AdaptiveConcurrency<C> {
         let at_limit = snapshot.in_flight.saturating_mul(10) >= self.limit.saturating_mul(9);
         let from = self.limit;
         let (to, reason) = if load.is_infinite() {
-            let (min, max) = self.config.bounds();
+            let (min, max) = (self.config.min_limit, self.config.max_limit);
             let down = ((from as f64 * self.config.max_backoff) as usize).clamp(min, max);
             self.ceiling = Some(Ceiling { limit: from, at: now });
             (down, Reason::Stalled)
         } else {
-            law::next_limit(&self.config, from, load, at_limit, &mut self.ceiling, now)
+            law::next_limit(&self.config, from, load, at_limit, max_step, &mut self.ceiling, now)
         };
         let decision =
             Decision { at: now, from, to, reason, load, ttft_delay, tpot, prefill_per_token, samples: self.ttft.len() };
@@ -247,6 +253,21 @@ impl<C: Clock> AdaptiveConcurrency<C> {
         let delay = quantile(&mut self.scratch, self.config.quantile).unwrap_or(0.0);
         let target = self.config.ttft_target().as_secs_f64();
         (delay / target, Some(secs(delay)), Some(secs(per_token)))
+    }
+
+    /// The largest increase whose prefills fit in half the TTFT target: a raised limit admits that many
+    /// waiting or retrying requests at once, and each adds `mean prompt × per_token` of prefill ahead of
+    /// the next ones. `usize::MAX` before the prefill time is known.
+    fn burst_budget(&self) -> usize {
+        let per_token = self.per_token.unwrap_or(0.0);
+        let samples = self.ttft.samples();
+        let mean_prompt = samples.iter().map(|s| s.prompt_tokens).sum::<f64>() / samples.len().max(1) as f64;
+        let prefill = per_token * mean_prompt;
+        if prefill <= 0.0 {
+            return usize::MAX;
+        }
+        let budget = BURST_SHARE * self.config.ttft_target().as_secs_f64() / prefill;
+        (budget.floor() as usize).max(1)
     }
 
     fn tpot_quantile(&mut self) -> Option<Duration> {

@@ -7,13 +7,17 @@ use std::time::Duration;
 pub enum Reason {
     /// A quantile was above its target: the limit went down in proportion (at most to
     /// [`max_backoff`](super::AdaptiveConfig::max_backoff) of itself), and the old limit became the
-    /// ceiling near which later growth is careful.
+    /// ceiling that later growth stays below for [`ceiling_ttl`](super::AdaptiveConfig::ceiling_ttl).
     OverTarget,
     /// Requests were admitted but none reached its first token for a long time (at least ten
     /// intervals and twice the SLO): the limit went down by [`max_backoff`](super::AdaptiveConfig::max_backoff).
     Stalled,
-    /// Every quantile was below `tolerance × target` and the limit was in use: it went up.
+    /// Every quantile was below `tolerance × target` and the limit was in use: it went up (unless at the
+    /// maximum).
     Slack,
+    /// As [`Slack`](Reason::Slack), but the limit is just below the ceiling (where the target was last
+    /// missed) and holds there until the ceiling is forgotten.
+    BelowCeiling,
     /// A quantile was between `tolerance × target` and the target: the limit held.
     InBand,
     /// The quantiles left room, but fewer requests were in flight than 90 % of the limit (another limit,
@@ -29,6 +33,7 @@ impl Reason {
             Reason::OverTarget => "over_target",
             Reason::Stalled => "stalled",
             Reason::Slack => "slack",
+            Reason::BelowCeiling => "below_ceiling",
             Reason::InBand => "in_band",
             Reason::NotLimited => "not_limited",
         }

@@ -25,13 +25,19 @@
 //! [`min_samples`](AdaptiveConfig::min_samples) TTFT samples)
 //! ```text
 //! load = max( q(queueing delay) / (target_share × ttft_slo),  q(TPOT) / tpot_slo )     q: the quantile (p90)
-//! load > 1                       → limit × max(1/load, max_backoff), at least one less; remember the ceiling
+//! load > 1                       → limit × max(1/load, max_backoff), at least one less;
+//!                                  the old limit becomes the ceiling for ceiling_ttl
 //! tolerance ≤ load ≤ 1           → hold (the dead band)
-//! load < tolerance, limit in use → limit × min(tolerance/load, max_growth), at least one more;
-//!                                  near a recent ceiling: +2 % a decision; below it: no further than 95 % of it
+//! load < tolerance, limit in use → limit × min(tolerance/load, max_growth), at least one more, at most the
+//!                                  burst budget more; within 10 % of the ceiling +2 %; never up to the ceiling
 //! load < tolerance, not in use   → hold (fewer than 90 % of the slots are taken)
 //! no first token at all for 10 intervals (and 2 × SLO) while requests were admitted → limit × max_backoff
 //! ```
+//!
+//! The **burst budget** is an LLM-specific bound on increases: a raised limit admits the requests that
+//! were refused or queued *at once*, and their prefills queue in the engine ahead of each other. One
+//! increase may release at most the requests whose prefills (mean prompt × the fitted time per prompt
+//! token) take half the TTFT target, so that growing the limit does not by itself break the target.
 //!
 //! # Known pitfalls of gradient controllers, and what this one does about them
 //! - **A drifting minimum RTT.** Netflix's Gradient2 compares a short-term latency with a long-term one
@@ -44,15 +50,15 @@
 //! - **Oscillation.** Each decision sees only samples of requests admitted *after* the last change (a
 //!   request admitted under the old limit describes the old limit), so one overload is not punished
 //!   twice; a dead band between `tolerance × target` and the target holds the limit; decreases are in
-//!   proportion to the overshoot, not a fixed halving; and after a miss the limit comes back fast to
-//!   95 % of where it missed, then probes by about 2 % a decision (the ceiling is forgotten after
-//!   [`ceiling_ttl`](AdaptiveConfig::ceiling_ttl), or once the limit passes it by 10 % without a miss, so
-//!   a changed workload is re-probed).
+//!   proportion to the overshoot, not a fixed halving; increases are small (10 % and the burst budget);
+//!   and after a miss the limit stays below where it missed, approaching it by about 2 % a decision,
+//!   until the ceiling is forgotten after [`ceiling_ttl`](AdaptiveConfig::ceiling_ttl) (so that a
+//!   changed workload is re-probed about once a minute, not every few seconds).
 //! - **Collapse under a latency floor.** A latency that does not come from concurrency (long prompts,
 //!   network time) drives a latency-ratio controller to its minimum, where throughput collapses and the
 //!   latency does not improve. The per-token discount removes the floor that LLM traffic has — the
-//!   prefill of long prompts — and the limit never leaves [`limits`](AdaptiveConfig::limits): set the
-//!   minimum to the concurrency below which the engine's throughput falls apart.
+//!   prefill of long prompts — and the limit never goes below [`min_limit`](AdaptiveConfig::min_limit):
+//!   set it to the concurrency below which the engine's throughput falls apart.
 //! - **Inflation without evidence.** The limit grows only while at least 90 % of it is in use, so an idle
 //!   period, or a KV budget that binds first, cannot inflate it into a burst later.
 //! - **Silence is not health.** When requests are admitted but no first token comes back for ten
@@ -83,7 +89,7 @@
 //! let admission = Admission::builder().clock(clock.clone()).kv_capacity_tokens(1_000_000).build()?;
 //! let controller = Arc::new(Mutex::new(AdaptiveConcurrency::new(
 //!     admission.clone(),
-//!     AdaptiveConfig::new(Duration::from_secs(2)).limits(4, 512),
+//!     AdaptiveConfig { min_limit: 4, max_limit: 512, ..AdaptiveConfig::new(Duration::from_secs(2)) },
 //! )?));
 //! let now = || Duration::from_nanos(admission.clock().now_nanos());
 //!

@@ -3,37 +3,39 @@
 use crate::error::ConfigError;
 use std::time::Duration;
 
-/// The settings of an [`EngineFeedback`](super::EngineFeedback) corrector.
-///
-/// | setting | default | meaning |
-/// |---|---|---|
-/// | [`bounds`](Self::bounds) | 0.5 ..= 2.0 | the budget stays within these multiples of the budget the admission had when the corrector was built |
-/// | [`target_usage`](Self::target_usage) | 0.9 | the engine's KV use the budget is sized for, 0–1 |
-/// | [`shrink`](Self::shrink) | 0.8 | factor applied when the engine preempted since the last scrape |
-/// | [`max_growth`](Self::max_growth) | 1.1 | largest factor of one increase |
-/// | [`cooldown`](Self::cooldown) | 60 s | no increase for this long after a preemption |
-/// | [`min_budget_use`](Self::min_budget_use) | 0.7 | kvgate must use this share of its budget before the engine's use is compared with it |
-/// | [`tolerance`](Self::tolerance) | 0.05 | changes smaller than this share of the budget are not made |
+/// The settings of an [`EngineFeedback`](super::EngineFeedback) corrector; [`validate`](Self::validate)
+/// checks every field.
 ///
 /// # Examples
 ///
 /// ```
 /// use kvgate::feedback::FeedbackConfig;
 ///
-/// let config = FeedbackConfig::new().bounds(0.75, 1.5).target_usage(0.85);
+/// let config = FeedbackConfig { min_factor: 0.75, max_factor: 1.5, target_usage: 0.85, ..FeedbackConfig::new() };
 /// config.validate()?;
 /// # Ok::<(), kvgate::ConfigError>(())
 /// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct FeedbackConfig {
-    pub(super) min_factor: f64,
-    pub(super) max_factor: f64,
-    pub(super) target_usage: f64,
-    pub(super) shrink: f64,
-    pub(super) max_growth: f64,
-    pub(super) cooldown: Duration,
-    pub(super) min_budget_use: f64,
-    pub(super) tolerance: f64,
+    /// The lowest budget, as a multiple of the budget the admission had when the corrector was built, in
+    /// `(0, 1]` (default 0.5).
+    pub min_factor: f64,
+    /// The highest budget, as a multiple of that budget, in `[1, 1000]` (default 2.0).
+    pub max_factor: f64,
+    /// The engine KV use, in `(0, 1]`, that a full kvgate budget should correspond to (default 0.9).
+    pub target_usage: f64,
+    /// The factor, in `(0, 1)`, applied to the budget when the engine preempted since the last scrape;
+    /// also the largest single decrease (default 0.8).
+    pub shrink: f64,
+    /// The largest factor, above 1, of one increase (default 1.1).
+    pub max_growth: f64,
+    /// How long after a preemption the budget may not grow (default 60 s).
+    pub cooldown: Duration,
+    /// The share of its budget, in `(0, 1]`, kvgate must use before the engine's use says anything about
+    /// how much more fits (default 0.7).
+    pub min_budget_use: f64,
+    /// Changes smaller than this share of the budget, in `[0, 1)`, are not made (default 0.05).
+    pub tolerance: f64,
 }
 
 impl Default for FeedbackConfig {
@@ -43,7 +45,7 @@ impl Default for FeedbackConfig {
 }
 
 impl FeedbackConfig {
-    /// The defaults listed on [`FeedbackConfig`].
+    /// The defaults listed on the fields.
     pub const fn new() -> Self {
         Self {
             min_factor: 0.5,
@@ -55,51 +57,6 @@ impl FeedbackConfig {
             min_budget_use: 0.7,
             tolerance: 0.05,
         }
-    }
-
-    /// The budget stays within `[min × initial, max × initial]`, where `initial` is the admission's KV
-    /// budget when the corrector is built (`0 < min ≤ 1 ≤ max`).
-    pub const fn bounds(mut self, min: f64, max: f64) -> Self {
-        self.min_factor = min;
-        self.max_factor = max;
-        self
-    }
-
-    /// The engine KV use, 0–1, that a full kvgate budget should correspond to.
-    pub const fn target_usage(mut self, usage: f64) -> Self {
-        self.target_usage = usage;
-        self
-    }
-
-    /// The factor, in `(0, 1)`, applied to the budget when the engine preempted since the last scrape.
-    pub const fn shrink(mut self, factor: f64) -> Self {
-        self.shrink = factor;
-        self
-    }
-
-    /// The largest factor, above 1, of one increase.
-    pub const fn max_growth(mut self, factor: f64) -> Self {
-        self.max_growth = factor;
-        self
-    }
-
-    /// How long after a preemption the budget may not grow.
-    pub const fn cooldown(mut self, cooldown: Duration) -> Self {
-        self.cooldown = cooldown;
-        self
-    }
-
-    /// The share of its budget, in `(0, 1]`, kvgate must use before the engine's use says anything about
-    /// how much more fits.
-    pub const fn min_budget_use(mut self, share: f64) -> Self {
-        self.min_budget_use = share;
-        self
-    }
-
-    /// Changes smaller than this share of the budget, in `[0, 1)`, are not made.
-    pub const fn tolerance(mut self, share: f64) -> Self {
-        self.tolerance = share;
-        self
     }
 
     /// Checks every setting.

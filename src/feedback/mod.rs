@@ -42,7 +42,7 @@
 //!    when kvgate uses at least [`min_budget_use`](FeedbackConfig::min_budget_use) of its budget (an
 //!    idle gate says nothing about the ratio), nothing waits inside the engine, and no preemption is
 //!    recent.
-//! 4. **Within bounds**: the budget never leaves [`bounds`](FeedbackConfig::bounds) × the budget the
+//! 4. **Within bounds**: the budget never leaves [`min_factor`](FeedbackConfig::min_factor)–[`max_factor`](FeedbackConfig::max_factor) × the budget the
 //!    admission had when the corrector was built (default 0.5–2×).
 //!
 //! The engine's use lags kvgate's reservations (a request admitted now holds its KV only once prefilled,

@@ -58,13 +58,16 @@
 mod client;
 mod dist;
 mod engine;
+mod exposition;
 mod gate;
 mod lab;
 mod planner;
 pub mod plot;
+mod policy_gate;
 mod report;
 mod roofline;
 mod scenario;
+mod spec;
 mod workload;
 
 pub use client::{ClientPolicy, IMMEDIATE_RETRY_GAP, RetryKind};
@@ -73,9 +76,11 @@ pub use engine::{
     DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, Engine, EngineConfig, EngineEvent, EngineRefusal,
     EngineStatus, SeqId,
 };
-pub use gate::{AdmissionGate, AdmissionSpec, Entry, Gate, GateContext, GateSpec, NoGate, Pricing};
+pub use gate::{AdmissionGate, Entry, Gate, GateContext, NoGate};
 pub use planner::{Candidate, PlanRequest, Recommendation, plan};
+pub use policy_gate::{FeedbackSetup, PolicyGate};
 pub use report::{ClassReport, Failures, Percentiles, Report, TimeSeries, jain_index};
 pub use roofline::{DEFAULT_COMPUTE_EFFICIENCY, Hardware, Roofline};
 pub use scenario::{Scenario, Slo};
-pub use workload::{Arrivals, HeavyUser, PoissonArrivals, Profile, Workload};
+pub use spec::{AdmissionSpec, GateSpec, Pricing};
+pub use workload::{Arrivals, HeavyUser, MixShift, PoissonArrivals, Profile, Workload};
