@@ -73,8 +73,8 @@ pub struct AdaptiveConcurrency<C: Clock = MonotonicClock> {
     ttft: SampleWindow<TtftSample>,
     tpot: SampleWindow<f64>,
     scratch: Vec<f64>,
-    /// When the limit last changed: TTFT samples of requests admitted before, and TPOT samples of
-    /// requests whose decoding started before, describe the old limit and are dropped.
+    /// When the limit last changed: TTFT samples of requests admitted before describe the old limit and
+    /// are dropped.
     changed_at: Duration,
     /// When the current interval started; `None` until the first tick.
     interval_start: Option<Duration>,
@@ -119,8 +119,9 @@ impl<C: Clock> AdaptiveConcurrency<C> {
 
     /// Records what happened to an admitted request. Constant time, no allocation.
     ///
-    /// A sample that describes an older limit is dropped: a first token (or abandonment) of a request
-    /// admitted before the last change, a last token of a request whose first token came before it.
+    /// A first token (or abandonment) of a request admitted before the last change describes the old
+    /// limit and is dropped. A last token always counts: decoding spans many steps, so its time per token
+    /// is an average over the recent past whatever the limit did meanwhile.
     #[inline]
     pub fn observe(&mut self, observation: Observation) {
         match observation {
@@ -132,10 +133,6 @@ impl<C: Clock> AdaptiveConcurrency<C> {
             }
             Observation::Finished { output_tokens, first_token_at, at } => {
                 if self.config.tpot_slo.is_none() || output_tokens < 2 {
-                    return;
-                }
-                if first_token_at < self.changed_at {
-                    self.stale += 1;
                     return;
                 }
                 self.tpot.push(at.saturating_sub(first_token_at).as_secs_f64() / f64::from(output_tokens - 1));
@@ -194,19 +191,28 @@ impl<C: Clock> AdaptiveConcurrency<C> {
             (Some(tpot), Some(slo)) => tpot.as_secs_f64() / slo.as_secs_f64(),
             _ => 0.0,
         };
-        let load = load.max(tpot_load);
-        let at_limit = snapshot.in_flight.saturating_mul(10) >= self.limit.saturating_mul(9);
         let from = self.limit;
         let (to, reason) = if load.is_infinite() {
             let (min, max) = (self.config.min_limit, self.config.max_limit);
             let down = ((from as f64 * self.config.max_backoff) as usize).clamp(min, max);
-            self.ceiling = Some(Ceiling { limit: from, at: now });
+            self.ceiling = Some(Ceiling { limit: from, at: now, quiet: 0 });
             (down, Reason::Stalled)
         } else {
-            law::next_limit(&self.config, from, load, at_limit, max_step, &mut self.ceiling, now)
+            let inputs = law::Inputs { load, tpot_load, in_flight: snapshot.in_flight, max_step };
+            law::next_limit(&self.config, from, inputs, &mut self.ceiling, now)
         };
-        let decision =
-            Decision { at: now, from, to, reason, load, ttft_delay, tpot, prefill_per_token, samples: self.ttft.len() };
+        let decision = Decision {
+            at: now,
+            from,
+            to,
+            reason,
+            load,
+            tpot_load,
+            ttft_delay,
+            tpot,
+            prefill_per_token,
+            samples: self.ttft.len(),
+        };
         self.ttft.clear();
         if tpot_ready {
             self.tpot.clear();
@@ -214,7 +220,6 @@ impl<C: Clock> AdaptiveConcurrency<C> {
         if to != from && self.admission.set_max_in_flight(to).is_ok() {
             self.limit = to;
             self.changed_at = now;
-            self.tpot.clear();
         }
         self.interval_start = Some(now);
         self.admitted_at_start = snapshot.admitted;
@@ -291,7 +296,7 @@ impl<C: Clock> AdaptiveConcurrency<C> {
         self.ceiling.map(|c| c.limit)
     }
 
-    /// Samples dropped because they described an older limit.
+    /// TTFT samples dropped because they described an older limit.
     pub fn stale_samples(&self) -> u64 {
         self.stale
     }

@@ -17,20 +17,24 @@
 //!   common to all requests does not bias) and measures each request's *queueing delay*
 //!   `TTFT − prompt_tokens × per_token`.
 //! - **Time per output token** (optional, [`AdaptiveConfig::tpot_slo`]): per token by construction, it
-//!   measures decode congestion — a batch so large, or so interleaved with prefills, that every step is
-//!   slow. It lags (a sample exists only once a generation ends), so it is a second constraint, not the
-//!   driver.
+//!   measures decode congestion — a batch so large that every step is slow, or a KV cache so full that
+//!   the engine preempts. But it lags (a sample exists only once a generation ends, and averages its whole
+//!   decode), and it has a floor that no limit removes: every step that carries a chunk of a long prompt's
+//!   prefill is slow for every sequence decoding in it. So it only *stops growth* — it keeps the limit
+//!   from growing into a congestion that TTFT shows only later — and never lowers the limit by itself.
 //!
 //! # The control law (one decision per [`interval`](AdaptiveConfig::interval), given at least
 //! [`min_samples`](AdaptiveConfig::min_samples) TTFT samples)
 //! ```text
-//! load = max( q(queueing delay) / (target_share × ttft_slo),  q(TPOT) / tpot_slo )     q: the quantile (p90)
-//! load > 1                       → limit × max(1/load, max_backoff), at least one less;
-//!                                  the old limit becomes the ceiling for ceiling_ttl
-//! tolerance ≤ load ≤ 1           → hold (the dead band)
-//! load < tolerance, limit in use → limit × min(tolerance/load, max_growth), at least one more, at most the
-//!                                  burst budget more; within 10 % of the ceiling +2 %; never up to the ceiling
-//! load < tolerance, not in use   → hold (fewer than 90 % of the slots are taken)
+//! load = q(queueing delay) / (target_share × ttft_slo)      tpot_load = q(TPOT) / tpot_slo      q: quantile (p90)
+//! load > 1                          → min(limit, in flight) × max(1/load, max_backoff), at least one less;
+//!                                     that concurrency becomes the ceiling for ceiling_ttl
+//! tolerance ≤ load ≤ 1              → hold (the dead band)
+//! tpot_load ≥ tolerance             → hold (decode is slow: do not add to it)
+//! otherwise, < 90 % of slots in use → hold (no evidence that more would be used)
+//! otherwise                         → limit × min(tolerance/load, max_growth), at least one more, at most
+//!                                     the burst budget more; from 0.9 to 1.5 × the ceiling +2 %; not up to
+//!                                     the ceiling for ceiling_ttl after the miss
 //! no first token at all for 10 intervals (and 2 × SLO) while requests were admitted → limit × max_backoff
 //! ```
 //!
@@ -51,14 +55,17 @@
 //!   request admitted under the old limit describes the old limit), so one overload is not punished
 //!   twice; a dead band between `tolerance × target` and the target holds the limit; decreases are in
 //!   proportion to the overshoot, not a fixed halving; increases are small (10 % and the burst budget);
-//!   and after a miss the limit stays below where it missed, approaching it by about 2 % a decision,
-//!   until the ceiling is forgotten after [`ceiling_ttl`](AdaptiveConfig::ceiling_ttl) (so that a
-//!   changed workload is re-probed about once a minute, not every few seconds).
+//!   and after a miss the limit stays below where it missed for [`ceiling_ttl`](AdaptiveConfig::ceiling_ttl),
+//!   approaching it by about 2 % a decision — and re-probes past it just as slowly afterwards (so that a
+//!   changed workload is found about once a minute, without a burst into the knee every few seconds).
 //! - **Collapse under a latency floor.** A latency that does not come from concurrency (long prompts,
 //!   network time) drives a latency-ratio controller to its minimum, where throughput collapses and the
-//!   latency does not improve. The per-token discount removes the floor that LLM traffic has — the
-//!   prefill of long prompts — and the limit never goes below [`min_limit`](AdaptiveConfig::min_limit):
-//!   set it to the concurrency below which the engine's throughput falls apart.
+//!   latency does not improve. The per-token discount removes the floor that LLM traffic has in its TTFT
+//!   — the prefill of long prompts; the TPOT, whose floor is the prefills interleaved with decoding, can
+//!   only stop growth; decreases start from the concurrency in flight, so lowering a limit that does not
+//!   bind (a KV budget binds first) is never mistaken for a remedy; and the limit never goes below
+//!   [`min_limit`](AdaptiveConfig::min_limit): set it to the concurrency below which the engine's
+//!   throughput falls apart.
 //! - **Inflation without evidence.** The limit grows only while at least 90 % of it is in use, so an idle
 //!   period, or a KV budget that binds first, cannot inflate it into a burst later.
 //! - **Silence is not health.** When requests are admitted but no first token comes back for ten

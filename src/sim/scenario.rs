@@ -8,6 +8,7 @@ use super::lab;
 use super::report::Report;
 use super::spec::GateSpec;
 use super::workload::{Arrivals, MixShift, Profile, Workload};
+use crate::adaptive::AdaptiveConfig;
 use crate::error::ConfigError;
 use crate::kv::GpuPlan;
 use std::time::Duration;
@@ -163,6 +164,32 @@ impl Scenario {
         };
         scenario.name = format!("chats then documents {factor}x");
         Ok(scenario)
+    }
+
+    /// The adaptive controller as an operator of this scenario configures it: from its SLOs alone — the
+    /// TTFT SLO, and the end-to-end SLO spread over `max_new_tokens` as a time per output token — with at
+    /// least 4 requests in flight.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use kvgate::kv::{GpuPlan, KvDtype, ModelSpec};
+    /// use kvgate::sim::{EngineConfig, GateSpec, Pricing, Scenario};
+    /// use std::time::Duration;
+    ///
+    /// let plan = GpuPlan::builder(ModelSpec::preset("llama-3.1-8b")?).gpu("h100-80").build()?;
+    /// let engine = EngineConfig::for_plan(&plan, KvDtype::Bf16)?;
+    /// let mut scenario = Scenario::overloaded(plan, engine, 2.0, Duration::from_secs(60))?;
+    /// let config = scenario.adaptive_config();
+    /// assert_eq!(config.tpot_slo, Some(Duration::from_secs(60) / 1024));
+    /// scenario.gate = GateSpec::adaptive(Pricing::Count, config);
+    /// let report = scenario.run()?;
+    /// assert!(report.series.max_in_flight.iter().any(|&limit| limit > 16.0)); // it grew from 16
+    /// # Ok::<(), kvgate::ConfigError>(())
+    /// ```
+    pub fn adaptive_config(&self) -> AdaptiveConfig {
+        let tpot = self.slo.e2e / self.workload.max_new_tokens.max(1);
+        AdaptiveConfig { tpot_slo: Some(tpot), min_limit: 4, ..AdaptiveConfig::new(self.slo.ttft) }
     }
 
     /// Checks every setting that can be checked without building the engine.

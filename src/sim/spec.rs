@@ -45,6 +45,9 @@ pub struct AdmissionSpec {
     pub tenants: Option<TenantLimits>,
     /// How much of `max_tokens` a KV reservation covers.
     pub reservation: Reservation,
+    /// The KV budget as a multiple of the engine's pool (with [`Pricing::KvBytes`]): 1.0 is the pool; a
+    /// larger one overcommits it (a wrong guess of the pool, or a bet on short answers).
+    pub kv_budget_factor: f64,
     /// An [`AdaptiveConcurrency`] controller moving `max_in_flight` from the configuration's initial
     /// limit (`max_in_flight` above is then ignored); `None`: the limit is static.
     pub adaptive: Option<AdaptiveConfig>,
@@ -128,6 +131,7 @@ impl GateSpec {
             request_rate: None,
             tenants: None,
             reservation: Reservation::Full,
+            kv_budget_factor: 1.0,
             adaptive: None,
             feedback: None,
         }))
@@ -145,6 +149,7 @@ impl GateSpec {
             request_rate: None,
             tenants: None,
             reservation: Reservation::Full,
+            kv_budget_factor: 1.0,
             adaptive: None,
             feedback: None,
         }))
@@ -162,6 +167,7 @@ impl GateSpec {
             request_rate: None,
             tenants: None,
             reservation: Reservation::Full,
+            kv_budget_factor: 1.0,
             adaptive: None,
             feedback: None,
         }))
@@ -209,9 +215,19 @@ impl GateSpec {
             request_rate: None,
             tenants: None,
             reservation: Reservation::Full,
+            kv_budget_factor: 1.0,
             adaptive: None,
             feedback: None,
         }))
+    }
+
+    /// The static settings a comparison sweeps for `pricing`: `max_in_flight` of 32, 64, 128, 192, 256,
+    /// 320, 384, 512 and the engine's `max_num_seqs`, each refused at once (`try_admit`) or waiting in a
+    /// queue of 16 or 64 for at most 1 s — 27 settings.
+    pub fn sweep(pricing: Pricing) -> Vec<GateSpec> {
+        let limits = [Some(32), Some(64), Some(128), Some(192), Some(256), Some(320), Some(384), Some(512), None];
+        let wait = Duration::from_secs(1);
+        limits.into_iter().flat_map(|limit| [0, 16, 64].map(|queue| Self::fixed(pricing, limit, queue, wait))).collect()
     }
 
     /// `pricing`, refused at once (`try_admit`), with `max_in_flight` moved by an
@@ -268,8 +284,15 @@ impl GateSpec {
             let plan = engine.plan();
             // The engine's pool counted over the whole tensor-parallel group, in the model's full bytes.
             let pool = engine.pool_bytes().saturating_mul(u64::from(plan.tensor_parallel()));
+            if !(spec.kv_budget_factor > 0.0 && spec.kv_budget_factor <= 1000.0) {
+                return Err(ConfigError::OutOfRange {
+                    what: "KV budget factor",
+                    reason: format!("{}; use a multiple of the engine's pool in (0, 1000]", spec.kv_budget_factor),
+                });
+            }
+            let budget = ((pool as f64 * spec.kv_budget_factor) as u64).max(1);
             builder =
-                builder.kv_model(plan.model().clone(), plan.kv_dtype(), plan.block_size()).kv_capacity_bytes(pool);
+                builder.kv_model(plan.model().clone(), plan.kv_dtype(), plan.block_size()).kv_capacity_bytes(budget);
         }
         if let (true, Some(wait)) = (spec.wait, spec.max_wait) {
             builder = builder.max_queue_wait(wait);
