@@ -27,10 +27,9 @@ fn vllm_text(usage: [f64; 2], waiting: u32, running: [u32; 2], preemptions: u32)
          # HELP vllm:num_requests_running Number of requests in model execution batches.\n\
          # TYPE vllm:num_requests_running gauge\n",
     );
-    for engine in 0..2 {
+    for (engine, running) in running.iter().enumerate() {
         text += &format!(
-            "vllm:num_requests_running{{engine=\"{engine}\",model_name=\"meta-llama/Llama-3.1-8B-Instruct\"}} {}.0\n",
-            running[engine]
+            "vllm:num_requests_running{{engine=\"{engine}\",model_name=\"meta-llama/Llama-3.1-8B-Instruct\"}} {running}.0\n"
         );
     }
     text += "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n\
@@ -39,8 +38,8 @@ fn vllm_text(usage: [f64; 2], waiting: u32, running: [u32; 2], preemptions: u32)
     text += "vllm:num_requests_waiting{engine=\"1\",model_name=\"m\"} 0.0\n";
     text += "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.\n\
              # TYPE vllm:kv_cache_usage_perc gauge\n";
-    for engine in 0..2 {
-        text += &format!("vllm:kv_cache_usage_perc{{engine=\"{engine}\",model_name=\"m\"}} {}\n", usage[engine]);
+    for (engine, usage) in usage.iter().enumerate() {
+        text += &format!("vllm:kv_cache_usage_perc{{engine=\"{engine}\",model_name=\"m\"}} {usage}\n");
     }
     text += "# HELP vllm:num_preemptions_total Cumulative number of preemption from the engine.\n\
              # TYPE vllm:num_preemptions_total counter\n";
@@ -328,10 +327,8 @@ proptest! {
     #[test]
     fn any_text_parses_or_fails_cleanly(text in "(\\PC|\n|\r|\"|\\{|\\}|=|,| |#){0,400}") {
         let _ = EngineMetrics::parse(&text);
-        for sample in samples(&text) {
-            if let Ok(sample) = sample {
-                let _ = sample.label("engine");
-            }
+        for sample in samples(&text).flatten() {
+            let _ = sample.label("engine");
         }
     }
 
