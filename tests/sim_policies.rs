@@ -132,7 +132,7 @@ fn engine_feedback_repairs_a_budget_that_does_not_match_the_engine() {
     let corrected = run(&scenario, kv_gate(1.5, Reservation::learned(), true));
     assert!(corrected.goodput >= 10.0 * wrong.goodput, "{:.2} vs {:.2}", corrected.goodput, wrong.goodput);
     assert!(corrected.preemptions * 100 <= wrong.preemptions, "{} vs {}", corrected.preemptions, wrong.preemptions);
-    let budget = corrected.series.kv_budget_percent.iter().copied().filter(|b| b.is_finite()).last().unwrap();
+    let budget = corrected.series.kv_budget_percent.iter().copied().rfind(|b| b.is_finite()).unwrap();
     assert!((90.0..=120.0).contains(&budget), "the budget settles near the pool: {budget} %");
 
     // A memory-bound L4 with full max_tokens reservations: the cache stays 60 % full; feedback grows
