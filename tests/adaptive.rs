@@ -236,9 +236,16 @@ fn decisions_need_an_interval_and_enough_samples() {
 fn a_limit_set_elsewhere_is_where_the_next_decision_starts() {
     let mut rig = Rig::new(config(20));
     rig.admission.set_max_in_flight(40).unwrap();
-    let _held = rig.first_tokens(40, 500, Duration::from_millis(50));
+    let held = rig.first_tokens(40, 500, Duration::from_millis(50));
     let d = rig.decide();
     assert_eq!((d.from, d.to), (40, 44));
+    drop(held);
+    // Outside the bounds, it is brought back within them even when the decision holds.
+    rig.admission.set_max_in_flight(5000).unwrap();
+    let _held = rig.first_tokens(10, 500, Duration::from_millis(900));
+    let d = rig.decide();
+    assert_eq!((d.from, d.to, d.reason), (1000, 1000, Reason::InBand));
+    assert_eq!(rig.admission.snapshot().max_in_flight, 1000);
 }
 
 #[test]

@@ -217,9 +217,12 @@ impl<C: Clock> AdaptiveConcurrency<C> {
         if tpot_ready {
             self.tpot.clear();
         }
-        if to != from && self.admission.set_max_in_flight(to).is_ok() {
+        // Applied also when a limit set elsewhere was outside the bounds and the decision holds.
+        if to != snapshot.max_in_flight && self.admission.set_max_in_flight(to).is_ok() {
             self.limit = to;
-            self.changed_at = now;
+            if to != from {
+                self.changed_at = now;
+            }
         }
         self.interval_start = Some(now);
         self.admitted_at_start = snapshot.admitted;

@@ -34,7 +34,8 @@
 //! otherwise, < 90 % of slots in use → hold (no evidence that more would be used)
 //! otherwise                         → limit × min(tolerance/load, max_growth), at least one more, at most
 //!                                     the burst budget more; from 0.9 to 1.5 × the ceiling +2 %; not up to
-//!                                     the ceiling for ceiling_ttl after the miss
+//!                                     the ceiling for ceiling_ttl after the miss (or until five quiet
+//!                                     decisions just below it show that the miss was a burst)
 //! no first token at all for 10 intervals (and 2 × SLO) while requests were admitted → limit × max_backoff
 //! ```
 //!
@@ -55,9 +56,11 @@
 //!   request admitted under the old limit describes the old limit), so one overload is not punished
 //!   twice; a dead band between `tolerance × target` and the target holds the limit; decreases are in
 //!   proportion to the overshoot, not a fixed halving; increases are small (10 % and the burst budget);
-//!   and after a miss the limit stays below where it missed for [`ceiling_ttl`](AdaptiveConfig::ceiling_ttl),
-//!   approaching it by about 2 % a decision — and re-probes past it just as slowly afterwards (so that a
-//!   changed workload is found about once a minute, without a burst into the knee every few seconds).
+//!   and after a miss the limit stays below where it missed for [`ceiling_ttl`](AdaptiveConfig::ceiling_ttl)
+//!   (unless five decisions in a row just below it find the load under half the tolerance: the miss was
+//!   a burst, such as a cold start, not the knee), approaching it by about 2 % a decision — and re-probes
+//!   past it just as slowly afterwards (so that a changed workload is found about once a minute, without
+//!   a burst into the knee every few seconds).
 //! - **Collapse under a latency floor.** A latency that does not come from concurrency (long prompts,
 //!   network time) drives a latency-ratio controller to its minimum, where throughput collapses and the
 //!   latency does not improve. The per-token discount removes the floor that LLM traffic has in its TTFT
@@ -75,7 +78,7 @@
 //! # Invariants
 //! - The limit stays within the configured bounds; it changes only in [`tick`](AdaptiveConcurrency::tick),
 //!   at most once per interval.
-//! - Memory is fixed when the controller is built: two sample windows of
+//! - Memory is fixed when the controller is built: at most two sample windows of
 //!   [`window`](AdaptiveConfig::window) entries and one scratch buffer; `observe` never allocates.
 //! - Determinism: the controller reads no clock; the same observations and ticks give the same limits.
 //!

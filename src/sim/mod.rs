@@ -14,7 +14,10 @@
 //! [`ManualClock`](crate::clock::ManualClock) with `deadline_timer(false)`: the lab sets the clock to
 //! each event's time, calls `try_admit` or polls the `admit` future by hand with its own waker, and drops
 //! or completes permits when requests leave the engine. Nothing is re-implemented: a change to the
-//! admission core changes what the lab measures. A new policy is judged by implementing [`Gate`].
+//! admission core changes what the lab measures. A new policy is judged by implementing [`Gate`]; the
+//! [`PolicyGate`] runs the adaptive concurrency controller ([`crate::adaptive`]) and engine feedback
+//! ([`crate::feedback`]) inside the lab, fed as a gateway feeds them (every first token, last token and
+//! abandoned request; the engine's counters rendered as vLLM's `/metrics` text).
 //!
 //! # Determinism
 //! A run is a pure function of its scenario: one seeded [`SplitMix64`](crate::retry::SplitMix64) stream
