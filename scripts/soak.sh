@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Soak test: the gateway example with its simulated backend under sustained ~3x overload for MINUTES
+# Soak test: the gateway (kvgate-gateway) with its simulated backend under sustained ~3x overload for MINUTES
 # (default 10), sampling resident memory and /metrics into target/soak/soak.csv, then checking that
 # memory stayed flat, the counters drained to 0, and every answer was 200, 429 or 503.
 #
@@ -17,23 +17,11 @@ target="${CARGO_TARGET_DIR:-target}"
 out="target/soak"
 mkdir -p "$out"
 
-cargo build --release --example gateway --example loadgen
+cargo build --release -p kvgate-gateway --bin kvgate-gateway --example loadgen
 
-# A free loopback port: the gateway binds port 0 and prints the address it got.
-"$target/release/examples/gateway" --listen 127.0.0.1:0 \
-    --max-in-flight 16 --queue 16 --max-queue-wait 2s --rate 25 --kv-tokens 6000 \
-    --sim-tokens-per-sec 100 2>"$out/gateway.log" &
-gateway_pid=$!
-trap 'kill "$gateway_pid" 2>/dev/null || true; wait "$gateway_pid" 2>/dev/null || true' EXIT
-
-url=""
-for _ in $(seq 1 100); do
-    url="$(grep -o 'http://127\.0\.0\.1:[0-9]*' "$out/gateway.log" | head -n1 || true)"
-    [ -n "$url" ] && break
-    kill -0 "$gateway_pid" 2>/dev/null || { cat "$out/gateway.log" >&2; exit 1; }
-    sleep 0.1
-done
-[ -n "$url" ] || { echo "the gateway did not start" >&2; exit 1; }
+. scripts/lib/gateway.sh
+start_gateway "$out/gateway.log" "$target/release/kvgate-gateway" \
+    --max-in-flight 16 --queue 16 --max-queue-wait 2s --rate 25 --kv-tokens 6000 --sim-tokens-per-sec 100
 echo "soak: gateway pid $gateway_pid at $url, $minutes min, samples -> $out/soak.csv" >&2
 
 status=0

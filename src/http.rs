@@ -1,13 +1,52 @@
-//! HTTP adapters: [`PermitBody`], a response body that holds its request's permit while it streams, and
-//! the HTTP form of a [`Rejection`] ([`rejection_response`]: status, `Retry-After`, an OpenAI-style JSON
-//! error).
+//! HTTP adapters: [`PermitBody`], a response body that holds its request's permit while it streams; the
+//! HTTP form of a [`Rejection`] ([`rejection_response`]: status, `Retry-After`, an OpenAI-style JSON
+//! error); OpenAI's `x-ratelimit-*` headers ([`insert_rate_limit_headers`]); and the server's retry hint
+//! read back from a response ([`retry_after`]).
+//!
+//! # Handler-style integration
+//!
+//! Without tower, a handler admits, then either streams its answer inside a [`PermitBody`] or answers
+//! the rejection:
+//!
+//! ```
+//! use bytes::Bytes;
+//! use http_body_util::Full;
+//! use kvgate::http::{PermitBody, insert_rate_limit_headers, rejection_response};
+//! use kvgate::{Admission, Request};
+//!
+//! async fn handle(admission: &Admission, req: Request) -> http::Response<http_body_util::Either<PermitBody<Full<Bytes>>, Full<Bytes>>> {
+//!     let mut response = match admission.admit(&req).await {
+//!         Ok(permit) => {
+//!             let answer = Full::new(Bytes::from("data: {}\n\n")); // the engine's (streamed) answer
+//!             http::Response::new(http_body_util::Either::Left(PermitBody::new(answer, permit)))
+//!         }
+//!         Err(rejection) => rejection_response(&rejection, admission, false).map(|b| http_body_util::Either::Right(Full::new(b))),
+//!     };
+//!     insert_rate_limit_headers(response.headers_mut(), &admission.rate_status(req.tenant));
+//!     response
+//! }
+//!
+//! let admission = Admission::builder().max_in_flight(1).request_rate(10.0, 10).build()?;
+//! let response = futures::executor::block_on(handle(&admission, Request::new(100, 50)));
+//! assert_eq!(response.status(), 200);
+//! assert_eq!(response.headers()["x-ratelimit-remaining-requests"], "9");
+//! assert_eq!(admission.snapshot().in_flight, 1); // until the body is sent or dropped
+//! drop(response);
+//! assert_eq!(admission.snapshot().in_flight, 0);
+//! # Ok::<(), kvgate::ConfigError>(())
+//! ```
+//!
+//! With the `openai` feature, `kvgate::openai` reads the [`Request`](crate::Request) from a
+//! chat/completions body and counts the answer's output tokens (see its module docs for the whole
+//! recipe).
 //!
 //! Requires the `http-body` feature (`http`, `http-body` 1.x and `bytes`).
 #![cfg_attr(docsrs, doc(cfg(feature = "http-body")))]
 
-use crate::stream::{Completion, OnePerItem, TokenCounter};
-use crate::{Permit, Rejection};
-use ::http::header::{CONTENT_TYPE, HeaderMap, HeaderValue, RETRY_AFTER};
+use crate::clock::Clock;
+use crate::stream::{Completion, OutputCounter, Uncounted};
+use crate::{Admission, Permit, RateLimitStatus, RateStatus, Rejection};
+use ::http::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 use ::http::{Response, StatusCode};
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
@@ -20,15 +59,21 @@ use std::time::Duration;
 /// The `retry-after-ms` header (milliseconds), as sent by OpenAI-compatible servers next to `Retry-After`.
 pub const RETRY_AFTER_MS: &str = "retry-after-ms";
 
-/// An [`http_body::Body`] that holds a [`Permit`] until the body ends or is dropped, counting its data
-/// frames as output tokens.
+/// An [`http_body::Body`] that holds a [`Permit`] until the body ends or is dropped.
 ///
-/// The permit is [completed](Permit::complete) exactly once with the tokens counted: when the inner body
-/// ends (`poll_frame` returns `Ready(None)`), when it fails (`Ready(Some(Err(_)))`: the generation is
-/// over), or when the body is dropped early — the client disconnected, or the server stopped polling
-/// after [`is_end_stream`](Body::is_end_stream) said the body was done. Trailers frames count nothing;
-/// each data frame counts one token unless a counter is set with
-/// [`count_with`](PermitBody::count_with).
+/// The permit is returned exactly once: when the inner body ends (`poll_frame` returns `Ready(None)`),
+/// when it fails (`Ready(Some(Err(_)))`: the generation is over), or when the body is dropped early —
+/// the client disconnected, or the server stopped polling after [`is_end_stream`](Body::is_end_stream)
+/// said the body was done.
+///
+/// # Output tokens
+///
+/// Data frames are bytes, not tokens: a non-streamed answer arrives as one frame whatever its length.
+/// So by default ([`Uncounted`]) nothing is reported — the permit is dropped, not
+/// [completed](Permit::complete) — and the learned reservation and the token-rate refund never see a
+/// made-up count. Give a counter that understands the body with [`count_with`](PermitBody::count_with):
+/// `kvgate::openai::OutputTokens` (feature `openai`) reads OpenAI SSE chunks and `usage` objects, and a
+/// closure can count what it knows (for example one token per SSE event).
 ///
 /// # Examples
 ///
@@ -49,34 +94,33 @@ pub const RETRY_AFTER_MS: &str = "retry-after-ms";
 /// assert_eq!(admission.snapshot().in_flight, 0);
 /// ```
 #[pin_project]
-pub struct PermitBody<B, F = OnePerItem> {
+pub struct PermitBody<B, F = Uncounted> {
     // Field order matters: the body is dropped before the permit is completed.
     #[pin]
     inner: B,
-    counter: F,
-    completion: Completion,
+    completion: Completion<F>,
 }
 
 impl<B: Body> PermitBody<B> {
-    /// Wraps `body`, holding `permit`, counting one output token per data frame.
+    /// Wraps `body`, holding `permit`, reporting no output count (see [Output tokens](#output-tokens)).
     pub fn new(body: B, permit: Permit) -> Self {
-        Self { inner: body, counter: OnePerItem, completion: Completion::new(permit) }
+        Self { inner: body, completion: Completion::new::<B::Data>(permit, Uncounted) }
     }
 }
 
 impl<B: Body, F> PermitBody<B, F> {
-    /// Counts output tokens with `counter` instead, a function of each data frame (for example the SSE
-    /// `data:` lines in it).
-    pub fn count_with<G: TokenCounter<B::Data>>(self, counter: G) -> PermitBody<B, G> {
-        let PermitBody { inner, counter: _, completion } = self;
-        PermitBody { inner, counter, completion }
+    /// Counts output tokens with `counter`, an [`OutputCounter`] of the data frames (or a function of
+    /// each frame). Call it before the first frame: the count starts from zero.
+    pub fn count_with<G: OutputCounter<B::Data>>(self, counter: G) -> PermitBody<B, G> {
+        let PermitBody { inner, completion } = self;
+        PermitBody { inner, completion: completion.recount::<B::Data, G>(counter) }
     }
 }
 
 impl<B, F> PermitBody<B, F> {
-    /// Output tokens counted so far.
-    pub fn tokens_so_far(&self) -> u32 {
-        self.completion.counted()
+    /// Output tokens counted so far; `None` when the counter cannot tell (always, without a counter).
+    pub fn tokens_so_far(&self) -> Option<u32> {
+        self.completion.tokens()
     }
 
     /// The permit, until the body ended (then it was completed).
@@ -91,14 +135,14 @@ impl<B, F> PermitBody<B, F> {
 
     /// Unwraps into the inner body, the permit **not** completed (`None` if the body ended), and the
     /// tokens counted so far.
-    pub fn into_inner(self) -> (B, Option<Permit>, u32) {
-        let PermitBody { inner, counter: _, mut completion } = self;
-        let counted = completion.counted();
+    pub fn into_inner(self) -> (B, Option<Permit>, Option<u32>) {
+        let PermitBody { inner, mut completion } = self;
+        let counted = completion.tokens();
         (inner, completion.take(), counted)
     }
 }
 
-impl<B: Body, F: TokenCounter<B::Data>> Body for PermitBody<B, F> {
+impl<B: Body, F: OutputCounter<B::Data>> Body for PermitBody<B, F> {
     type Data = B::Data;
     type Error = B::Error;
 
@@ -111,8 +155,7 @@ impl<B: Body, F: TokenCounter<B::Data>> Body for PermitBody<B, F> {
         match &polled {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
-                    let tokens = this.counter.count(data);
-                    this.completion.add(tokens);
+                    this.completion.count(data);
                 }
             }
             Poll::Ready(Some(Err(_)) | None) => this.completion.finish(),
@@ -134,7 +177,7 @@ impl<B, F> fmt::Debug for PermitBody<B, F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PermitBody")
             .field("permit", &self.completion.permit())
-            .field("tokens_so_far", &self.completion.counted())
+            .field("tokens_so_far", &self.completion.tokens())
             .finish_non_exhaustive()
     }
 }
@@ -171,10 +214,18 @@ pub fn error_response(status: StatusCode, message: &str, kind: &str, code: &str)
     response
 }
 
-/// The HTTP response for a rejection: status [`http_status`](Rejection::http_status) (or 429 for every
-/// retryable rejection with `all_as_429`), `Retry-After` in whole seconds rounded up (at least 1) and
-/// `retry-after-ms` when the rejection carries a hint, and an OpenAI-style JSON error body whose `code`
-/// is [`reason`](Rejection::reason).
+/// The longest retry hint a response carries (one day): a longer hint is sent as this, in both headers.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// The HTTP response for a rejection by `admission`: status [`http_status`](Rejection::http_status) (or
+/// 429 for every retryable rejection with `all_as_429`), an OpenAI-style JSON error body whose `code` is
+/// [`reason`](Rejection::reason), and for every retryable rejection `Retry-After` in whole seconds
+/// (rounded up, at least 1) and `retry-after-ms`.
+///
+/// The hint is the rejection's own, or for [`Rejection::TimedOut`] (which carries none: the caller
+/// chose how long to wait) the admission's current estimate,
+/// [`capacity_retry_after`](Admission::capacity_retry_after). Hints are capped at
+/// [`MAX_RETRY_AFTER`], and both headers always say the same time.
 ///
 /// Retryable means [`RetryHint::is_retryable`](crate::retry::RetryHint::is_retryable): every reason but
 /// `TooLarge`, `Closed` and `Invalid`.
@@ -182,19 +233,53 @@ pub fn error_response(status: StatusCode, message: &str, kind: &str, code: &str)
 /// # Examples
 ///
 /// ```
-/// use kvgate::Rejection;
+/// use kvgate::{Admission, Rejection};
 /// use std::time::Duration;
 ///
-/// let res = kvgate::http::rejection_response(&Rejection::NoCapacity { retry_after: Duration::from_millis(1200) }, false);
+/// let admission = Admission::builder().build().unwrap();
+/// let busy = Rejection::NoCapacity { retry_after: Duration::from_millis(1200) };
+/// let res = kvgate::http::rejection_response(&busy, &admission, false);
 /// assert_eq!(res.status(), 503);
 /// assert_eq!(res.headers()["retry-after"], "2");
 /// assert_eq!(res.headers()["retry-after-ms"], "1200");
-/// let as_429 = kvgate::http::rejection_response(&Rejection::NoCapacity { retry_after: Duration::from_millis(1200) }, true);
-/// assert_eq!(as_429.status(), 429);
+/// assert_eq!(kvgate::http::rejection_response(&busy, &admission, true).status(), 429);
+/// // A wait that timed out is retryable too: the hint is the admission's capacity estimate.
+/// assert!(kvgate::http::rejection_response(&Rejection::TimedOut, &admission, false).headers().contains_key("retry-after"));
 /// ```
-pub fn rejection_response(rejection: &Rejection, all_as_429: bool) -> Response<Bytes> {
+pub fn rejection_response<C: Clock>(
+    rejection: &Rejection,
+    admission: &Admission<C>,
+    all_as_429: bool,
+) -> Response<Bytes> {
+    let hint = match rejection {
+        Rejection::TimedOut => Some(admission.capacity_retry_after()),
+        other => other.retry_after(),
+    };
+    rejection_response_with_hint(rejection, hint, all_as_429)
+}
+
+/// [`rejection_response`] with the retry hint given: `hint` is used for every retryable rejection
+/// (`None`: the rejection's own, which [`Rejection::TimedOut`] lacks).
+///
+/// # Examples
+///
+/// ```
+/// use kvgate::Rejection;
+/// use std::time::Duration;
+///
+/// let res = kvgate::http::rejection_response_with_hint(&Rejection::TimedOut, Some(Duration::MAX), false);
+/// assert_eq!(res.status(), 503);
+/// assert_eq!(res.headers()["retry-after"], "86400"); // capped at a day, in both headers
+/// assert_eq!(res.headers()["retry-after-ms"], "86400000");
+/// ```
+pub fn rejection_response_with_hint(
+    rejection: &Rejection,
+    hint: Option<Duration>,
+    all_as_429: bool,
+) -> Response<Bytes> {
     use crate::retry::RetryHint;
-    let status = if all_as_429 && rejection.is_retryable() {
+    let retryable = rejection.is_retryable();
+    let status = if all_as_429 && retryable {
         StatusCode::TOO_MANY_REQUESTS
     } else {
         StatusCode::from_u16(rejection.http_status()).unwrap_or(StatusCode::SERVICE_UNAVAILABLE)
@@ -205,28 +290,101 @@ pub fn rejection_response(rejection: &Rejection, all_as_429: bool) -> Response<B
         _ => "service_unavailable_error",
     };
     let mut response = error_response(status, &rejection.to_string(), kind, rejection.reason());
-    if let Some(after) = rejection.retry_after() {
-        let headers = response.headers_mut();
-        headers.insert(RETRY_AFTER, HeaderValue::from(retry_after_secs(after)));
-        headers.insert(RETRY_AFTER_MS, HeaderValue::from(retry_after_millis(after)));
+    if let Some(after) = hint.or_else(|| rejection.retry_after()).filter(|_| retryable) {
+        insert_retry_after(response.headers_mut(), after);
     }
     response
 }
 
-/// Whole seconds for `Retry-After`: rounded up, at least 1 (clients read 0 as "now").
+/// Sets `Retry-After` (whole seconds, rounded up, at least 1) and `retry-after-ms` (rounded up, at least
+/// 1) to `after`, capped at [`MAX_RETRY_AFTER`] so that both say the same time.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+///
+/// let mut headers = http::HeaderMap::new();
+/// kvgate::http::insert_retry_after(&mut headers, Duration::from_millis(1500));
+/// assert_eq!((&headers["retry-after"], &headers["retry-after-ms"]), (&"2".parse().unwrap(), &"1500".parse().unwrap()));
+/// ```
+pub fn insert_retry_after(headers: &mut HeaderMap, after: Duration) {
+    let after = after.min(MAX_RETRY_AFTER);
+    headers.insert(RETRY_AFTER, HeaderValue::from(retry_after_secs(after)));
+    headers.insert(RETRY_AFTER_MS, HeaderValue::from(retry_after_millis(after)));
+}
+
+/// Whole seconds for `Retry-After`: rounded up, at least 1 (clients read 0 as "now"); saturating.
 fn retry_after_secs(after: Duration) -> u64 {
-    let secs = after.as_secs() + u64::from(after.subsec_nanos() != 0);
+    let secs = after.as_secs().saturating_add(u64::from(after.subsec_nanos() != 0));
     secs.max(1)
 }
 
-/// Milliseconds for `retry-after-ms`: rounded up, at least 1.
+/// Milliseconds for `retry-after-ms`: rounded up, at least 1; saturating.
 fn retry_after_millis(after: Duration) -> u64 {
     let millis = after.as_nanos().div_ceil(1_000_000);
     u64::try_from(millis).unwrap_or(u64::MAX).max(1)
 }
 
+/// The names of OpenAI's rate-limit headers, requests then tokens: limit, remaining, reset.
+const RATE_LIMIT_HEADERS: [[&str; 3]; 2] = [
+    ["x-ratelimit-limit-requests", "x-ratelimit-remaining-requests", "x-ratelimit-reset-requests"],
+    ["x-ratelimit-limit-tokens", "x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens"],
+];
+
+/// Sets OpenAI's rate-limit headers from `status` (see
+/// [`Admission::rate_status`](crate::Admission::rate_status)): `x-ratelimit-limit-requests`,
+/// `x-ratelimit-remaining-requests`, `x-ratelimit-reset-requests` and the `-tokens` trio, for each rate
+/// that is configured. The reset time is written as OpenAI writes it (`1s`, `6m0s`, `250ms`).
+///
+/// # Examples
+///
+/// ```
+/// use kvgate::clock::ManualClock;
+/// use kvgate::{Admission, Request};
+///
+/// let admission = Admission::builder().token_rate(100.0, 1_000).clock(ManualClock::new()).build()?;
+/// admission.try_admit(&Request::new(200, 300)).unwrap().complete(300);
+/// let mut headers = http::HeaderMap::new();
+/// kvgate::http::insert_rate_limit_headers(&mut headers, &admission.rate_status(None));
+/// assert_eq!(headers["x-ratelimit-limit-tokens"], "1000");
+/// assert_eq!(headers["x-ratelimit-remaining-tokens"], "500");
+/// assert_eq!(headers["x-ratelimit-reset-tokens"], "5s");
+/// assert!(!headers.contains_key("x-ratelimit-limit-requests")); // no request rate configured
+/// # Ok::<(), kvgate::ConfigError>(())
+/// ```
+pub fn insert_rate_limit_headers(headers: &mut HeaderMap, status: &RateLimitStatus) {
+    for (rate, names) in [status.requests, status.tokens].iter().zip(RATE_LIMIT_HEADERS) {
+        let Some(RateStatus { limit, remaining, reset }) = rate else { continue };
+        let [limit_name, remaining_name, reset_name] = names.map(HeaderName::from_static);
+        headers.insert(limit_name, HeaderValue::from(*limit));
+        headers.insert(remaining_name, HeaderValue::from(*remaining));
+        if let Ok(value) = HeaderValue::from_str(&openai_duration(*reset)) {
+            headers.insert(reset_name, value);
+        }
+    }
+}
+
+/// A duration the way OpenAI's reset headers write it: `0s`, `250ms`, `1s`, `1.5s`, `6m0s`, `1h2m3s`
+/// (milliseconds rounded up).
+fn openai_duration(d: Duration) -> String {
+    let millis = u64::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX);
+    if millis < 1_000 {
+        return if millis == 0 { "0s".into() } else { format!("{millis}ms") };
+    }
+    let (hours, minutes) = (millis / 3_600_000, millis / 60_000 % 60);
+    let (secs, ms) = (millis / 1_000 % 60, millis % 1_000);
+    let seconds =
+        if ms == 0 { format!("{secs}s") } else { format!("{}s", format!("{secs}.{ms:03}").trim_end_matches('0')) };
+    match (hours, minutes) {
+        (0, 0) => seconds,
+        (0, m) => format!("{m}m{seconds}"),
+        (h, m) => format!("{h}h{m}m{seconds}"),
+    }
+}
+
 /// The server's retry hint in a response's headers: `retry-after-ms` if present and valid, else
-/// `Retry-After` in delta-seconds (an HTTP-date is ignored). For clients feeding
+/// `Retry-After` in seconds or as an HTTP-date (read against the wall clock). For clients feeding
 /// [`retry`](crate::retry::retry).
 ///
 /// # Examples
@@ -287,10 +445,49 @@ mod tests {
 
     #[test]
     fn fatal_rejections_keep_their_status_even_as_429() {
-        let res = rejection_response(&Rejection::Invalid { reason: "zero" }, true);
+        let res =
+            rejection_response_with_hint(&Rejection::Invalid { reason: "zero" }, Some(Duration::from_secs(1)), true);
         assert_eq!(res.status(), 400);
         assert!(res.headers().get(RETRY_AFTER).is_none());
-        let res = rejection_response(&Rejection::TimedOut, true);
+        let res = rejection_response_with_hint(&Rejection::TimedOut, None, true);
         assert_eq!(res.status(), 429);
+    }
+
+    #[test]
+    fn saturated_hints_are_capped_and_agree() {
+        for after in [Duration::MAX, Duration::new(u64::MAX, 999_999_999), Duration::from_secs(u64::MAX / 2)] {
+            let res = rejection_response_with_hint(&Rejection::RateLimited { retry_after: after }, None, false);
+            assert_eq!(res.headers()[RETRY_AFTER], "86400");
+            assert_eq!(res.headers()[RETRY_AFTER_MS], "86400000");
+        }
+        assert_eq!(retry_after_secs(Duration::MAX), u64::MAX);
+    }
+
+    #[test]
+    fn timed_out_carries_the_capacity_estimate() {
+        let admission = Admission::builder().build().unwrap();
+        let res = rejection_response(&Rejection::TimedOut, &admission, false);
+        assert_eq!(res.status(), 503);
+        let hint = admission.capacity_retry_after();
+        assert_eq!(res.headers()[RETRY_AFTER], retry_after_secs(hint).to_string().as_str());
+    }
+
+    #[test]
+    fn durations_are_written_like_openai() {
+        let cases = [
+            (0, "0s"),
+            (1, "1ms"),
+            (250, "250ms"),
+            (1_000, "1s"),
+            (1_500, "1.5s"),
+            (1_250, "1.25s"),
+            (360_000, "6m0s"),
+            (3_723_000, "1h2m3s"),
+        ];
+        for (millis, text) in cases {
+            assert_eq!(openai_duration(Duration::from_millis(millis)), text);
+        }
+        assert_eq!(openai_duration(Duration::from_micros(1)), "1ms");
+        assert!(!openai_duration(Duration::MAX).is_empty());
     }
 }

@@ -17,7 +17,11 @@ mod telemetry;
 
 #[cfg(feature = "http-body")]
 pub mod http;
+#[cfg(feature = "openai")]
+#[cfg_attr(docsrs, doc(cfg(feature = "openai")))]
+pub mod openai;
 #[cfg(feature = "sim")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sim")))]
 pub mod sim;
 #[cfg(feature = "tower")]
 pub mod tower;
@@ -26,7 +30,7 @@ pub use error::ConfigError;
 
 pub use admission::{
     Admission, AdmissionBuilder, Admit, DEFAULT_EXPECTED_HOLD_TIME, DEFAULT_MAX_TENANTS, DEFAULT_QUEUE_CAPACITY,
-    DEFAULT_TENANT_IDLE_TIMEOUT, Limit, Permit, Priority, RateLimitStatus, RateStatus, Rejection, RejectionCounts,
-    Request, Reservation, Snapshot, TenantId, TenantLimits,
+    DEFAULT_TENANT_IDLE_TIMEOUT, Fairness, Limit, Permit, Prefix, PrefixId, Priority, RateLimitStatus, RateStatus,
+    Rejection, RejectionCounts, Request, Reservation, Snapshot, TenantId, TenantLimits,
 };
 pub use queue::BoundedQueue;

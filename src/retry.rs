@@ -9,7 +9,8 @@
 //! - with a server hint `h` (a [`Rejection`]'s `retry_after`, an HTTP `Retry-After` header):
 //!   `h + uniform(0, window(attempt))`. The retry never comes earlier than the hint, and clients given the
 //!   same hint still spread out over the same window they would have used without one. A hint longer
-//!   than [`max_retry_after`](RetryPolicy::max_retry_after) (if set) makes the client give up instead.
+//!   than [`max_retry_after`](RetryPolicy::max_retry_after) (five minutes unless set) makes the client
+//!   give up instead: a hostile or broken server cannot park a client for longer than that.
 //!
 //! and gives up once [`max_tries`](RetryPolicy::max_tries) tries were made, or at once on an error that
 //! is not [retryable](RetryHint::is_retryable).
@@ -167,7 +168,8 @@ impl<T: RetryHint + ?Sized> RetryHint for &T {
 
 /// How a client retries: base delay, cap, maximum number of tries, and optionally a fixed seed.
 ///
-/// Defaults: base 100 ms, cap 10 s, 5 tries, no limit on server hints, fresh randomness per [`Backoff`].
+/// Defaults: base 100 ms, cap 10 s, 5 tries, give up on server hints over [`DEFAULT_MAX_RETRY_AFTER`],
+/// fresh randomness per [`Backoff`].
 /// See the [module docs](self) for the schedule.
 ///
 /// # Examples
@@ -189,9 +191,13 @@ pub struct RetryPolicy {
     base: Duration,
     cap: Duration,
     max_tries: u32,
-    max_retry_after: Option<Duration>,
+    max_retry_after: Duration,
     seed: Option<u64>,
 }
+
+/// The longest server hint a [`RetryPolicy`] waits for unless told otherwise
+/// ([`max_retry_after`](RetryPolicy::max_retry_after)): five minutes.
+pub const DEFAULT_MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
 
 impl Default for RetryPolicy {
     fn default() -> Self {
@@ -200,13 +206,13 @@ impl Default for RetryPolicy {
 }
 
 impl RetryPolicy {
-    /// The default policy: base 100 ms, cap 10 s, 5 tries.
+    /// The default policy: base 100 ms, cap 10 s, 5 tries, hints up to [`DEFAULT_MAX_RETRY_AFTER`].
     pub const fn new() -> Self {
         Self {
             base: Duration::from_millis(100),
             cap: Duration::from_secs(10),
             max_tries: 5,
-            max_retry_after: None,
+            max_retry_after: DEFAULT_MAX_RETRY_AFTER,
             seed: None,
         }
     }
@@ -233,10 +239,11 @@ impl RetryPolicy {
         self
     }
 
-    /// Gives up instead of waiting when a server asks to wait longer than `limit`.
+    /// Gives up instead of waiting when a server asks to wait longer than `limit` (default
+    /// [`DEFAULT_MAX_RETRY_AFTER`]; `Duration::MAX` waits for any hint).
     #[must_use]
     pub const fn max_retry_after(mut self, limit: Duration) -> Self {
-        self.max_retry_after = Some(limit);
+        self.max_retry_after = limit;
         self
     }
 
@@ -282,10 +289,8 @@ impl RetryPolicy {
         if attempt.saturating_add(1) >= self.tries() {
             return None;
         }
-        if let (Some(hint), Some(limit)) = (retry_after, self.max_retry_after) {
-            if hint > limit {
-                return None;
-            }
+        if retry_after.is_some_and(|hint| hint > self.max_retry_after) {
+            return None;
         }
         let jitter = rng.duration_up_to(self.window(attempt));
         Some(retry_after.map_or(jitter, |hint| hint.saturating_add(jitter)))
@@ -396,48 +401,71 @@ where
 
 /// Why a `Retry-After` or `retry-after-ms` header value could not be used.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ParseRetryAfterError {
-    /// An HTTP-date (`Retry-After: Wed, 21 Oct 2015 07:28:00 GMT`): valid HTTP, but turning it into a
-    /// delay needs a wall clock, which this crate does not read.
-    HttpDateUnsupported,
-    /// Not a number of (milli)seconds.
+    /// Neither a non-negative number of (milli)seconds nor an HTTP-date.
     Invalid,
 }
 
 impl fmt::Display for ParseRetryAfterError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            ParseRetryAfterError::HttpDateUnsupported => "Retry-After as an HTTP-date is not supported",
-            ParseRetryAfterError::Invalid => "not a non-negative number of seconds",
+            ParseRetryAfterError::Invalid => {
+                "not a non-negative number of seconds nor an HTTP-date (like `Wed, 21 Oct 2015 07:28:00 GMT`)"
+            }
         })
     }
 }
 
 impl std::error::Error for ParseRetryAfterError {}
 
-/// Parses a `Retry-After` header value in delta-seconds (`"120"`, surrounding whitespace allowed).
+/// Parses a `Retry-After` header value: delta-seconds (`"120"`; a fractional `"1.5"`, which some servers
+/// send, is rounded up to the next millisecond) or an HTTP-date in any of the three formats of RFC 9110
+/// §5.6.7, read against the wall clock (a date in the past is a delay of zero). Surrounding whitespace is
+/// allowed; numbers too large saturate.
 ///
 /// # Errors
 ///
-/// [`ParseRetryAfterError::HttpDateUnsupported`] for an HTTP-date, [`ParseRetryAfterError::Invalid`] for
-/// anything else that is not a non-negative integer.
+/// [`ParseRetryAfterError::Invalid`] for anything else.
 ///
 /// # Examples
 ///
 /// ```
-/// use kvgate::retry::{parse_retry_after, ParseRetryAfterError};
+/// use kvgate::retry::parse_retry_after;
 /// use std::time::Duration;
 ///
 /// assert_eq!(parse_retry_after(" 3 "), Ok(Duration::from_secs(3)));
-/// assert_eq!(parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT"), Err(ParseRetryAfterError::HttpDateUnsupported));
+/// assert_eq!(parse_retry_after("0.25"), Ok(Duration::from_millis(250)));
+/// assert_eq!(parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT"), Ok(Duration::ZERO)); // long past
 /// ```
 pub fn parse_retry_after(value: &str) -> Result<Duration, ParseRetryAfterError> {
+    parse_retry_after_at(value, std::time::SystemTime::now())
+}
+
+/// [`parse_retry_after`] with the wall clock's reading given, for HTTP-dates.
+///
+/// # Errors
+///
+/// As [`parse_retry_after`].
+///
+/// # Examples
+///
+/// ```
+/// use kvgate::retry::parse_retry_after_at;
+/// use std::time::{Duration, SystemTime, UNIX_EPOCH};
+///
+/// let now = UNIX_EPOCH + Duration::from_secs(784_111_777); // Sun, 06 Nov 1994 08:49:37 GMT
+/// for date in ["Sun, 06 Nov 1994 09:49:37 GMT", "Sunday, 06-Nov-94 09:49:37 GMT", "Sun Nov  6 09:49:37 1994"] {
+///     assert_eq!(parse_retry_after_at(date, now), Ok(Duration::from_secs(3600)));
+/// }
+/// ```
+pub fn parse_retry_after_at(value: &str, now: std::time::SystemTime) -> Result<Duration, ParseRetryAfterError> {
     let value = value.trim();
-    // All three HTTP-date formats (RFC 9110 §5.6.7) spell a day or month name and an hh:mm:ss time.
-    if value.bytes().any(|b| b.is_ascii_alphabetic()) && value.contains(':') {
-        return Err(ParseRetryAfterError::HttpDateUnsupported);
+    if value.bytes().any(|b| b.is_ascii_alphabetic()) {
+        let date = httpdate::parse_http_date(value).map_err(|_| ParseRetryAfterError::Invalid)?;
+        return Ok(date.duration_since(now).unwrap_or(Duration::ZERO));
     }
-    parse_digits(value).map(Duration::from_secs)
+    decimal_millis(value, 1000).map(Duration::from_millis)
 }
 
 /// Parses a `retry-after-ms` header value (milliseconds, as sent by OpenAI-compatible servers). A
@@ -457,18 +485,7 @@ pub fn parse_retry_after(value: &str) -> Result<Duration, ParseRetryAfterError> 
 /// assert!(parse_retry_after_ms("-1").is_err());
 /// ```
 pub fn parse_retry_after_ms(value: &str) -> Result<Duration, ParseRetryAfterError> {
-    let value = value.trim();
-    match value.split_once('.') {
-        None => parse_digits(value).map(Duration::from_millis),
-        Some((whole, fraction)) => {
-            let whole = parse_digits(whole)?;
-            if fraction.is_empty() || !fraction.bytes().all(|b| b.is_ascii_digit()) {
-                return Err(ParseRetryAfterError::Invalid);
-            }
-            let round_up = u64::from(fraction.bytes().any(|b| b != b'0'));
-            Ok(Duration::from_millis(whole.saturating_add(round_up)))
-        }
-    }
+    decimal_millis(value.trim(), 1).map(Duration::from_millis)
 }
 
 /// The server's hint from the two headers' values, preferring the more precise `retry-after-ms`; a value
@@ -488,6 +505,29 @@ pub fn retry_after_from_headers(retry_after: Option<&str>, retry_after_ms: Optio
     retry_after_ms
         .and_then(|v| parse_retry_after_ms(v).ok())
         .or_else(|| retry_after.and_then(|v| parse_retry_after(v).ok()))
+}
+
+/// `value` — digits, optionally a `.` and more digits — in units of `unit_millis` (1000 for seconds, 1 for
+/// milliseconds), as whole milliseconds rounded up; saturating.
+fn decimal_millis(value: &str, unit_millis: u64) -> Result<u64, ParseRetryAfterError> {
+    let (whole, fraction) = match value.split_once('.') {
+        None => (value, None),
+        Some((whole, fraction)) => (whole, Some(fraction)),
+    };
+    let mut millis = parse_digits(whole)?.saturating_mul(unit_millis);
+    if let Some(fraction) = fraction {
+        if fraction.is_empty() || !fraction.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(ParseRetryAfterError::Invalid);
+        }
+        // The fraction digits that are whole milliseconds (three for seconds, none for milliseconds); any
+        // non-zero digit after them rounds up.
+        let exact = if unit_millis == 1000 { 3 } else { 0 };
+        let digits = fraction.as_bytes();
+        let head = digits.iter().chain(b"000").take(exact).fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
+        let round_up = digits.iter().skip(exact).any(|&d| d != b'0');
+        millis = millis.saturating_add(head).saturating_add(u64::from(round_up));
+    }
+    Ok(millis)
 }
 
 fn parse_digits(value: &str) -> Result<u64, ParseRetryAfterError> {
@@ -583,6 +623,16 @@ mod tests {
         let mut rng = SplitMix64::new(0);
         assert!(p.delay(0, Some(Duration::from_secs(5)), &mut rng).is_some());
         assert_eq!(p.delay(0, Some(Duration::from_secs(6)), &mut rng), None);
+    }
+
+    #[test]
+    fn a_hostile_hint_does_not_park_a_client_by_default() {
+        let hostile = parse_retry_after("99999999999999").unwrap();
+        let mut rng = SplitMix64::new(0);
+        assert_eq!(RetryPolicy::new().delay(0, Some(hostile), &mut rng), None);
+        assert!(RetryPolicy::new().delay(0, Some(DEFAULT_MAX_RETRY_AFTER), &mut rng).is_some());
+        let patient = RetryPolicy::new().max_retry_after(Duration::MAX);
+        assert!(patient.delay(0, Some(hostile), &mut rng).unwrap() >= hostile);
     }
 
     #[test]
@@ -703,11 +753,19 @@ mod tests {
     fn header_values_parse() {
         assert_eq!(parse_retry_after("0"), Ok(Duration::ZERO));
         assert_eq!(parse_retry_after("120"), Ok(Duration::from_secs(120)));
-        assert_eq!(parse_retry_after("99999999999999999999999"), Ok(Duration::from_secs(u64::MAX)));
-        for date in ["Fri, 31 Dec 1999 23:59:59 GMT", "Sunday, 06-Nov-94 08:49:37 GMT", "Sun Nov  6 08:49:37 1994"] {
-            assert_eq!(parse_retry_after(date), Err(ParseRetryAfterError::HttpDateUnsupported), "{date}");
+        assert_eq!(parse_retry_after("99999999999999999999999"), Ok(Duration::from_millis(u64::MAX)));
+        assert_eq!(parse_retry_after("1.5"), Ok(1500 * MS));
+        assert_eq!(parse_retry_after("0.0001"), Ok(MS));
+        assert_eq!(parse_retry_after("2.000"), Ok(2000 * MS));
+        // A date an hour from now, in all three HTTP-date formats, is an hour.
+        let now = std::time::UNIX_EPOCH + Duration::from_secs(946_681_199); // Fri, 31 Dec 1999 22:59:59 GMT
+        for date in ["Fri, 31 Dec 1999 23:59:59 GMT", "Friday, 31-Dec-99 23:59:59 GMT", "Fri Dec 31 23:59:59 1999"] {
+            assert_eq!(parse_retry_after_at(date, now), Ok(Duration::from_secs(3600)), "{date}");
+            assert_eq!(retry_after_from_headers(Some(date), None).map(|_| ()), Some(()), "{date}");
         }
-        for bad in ["", "-1", "1.5", "soon", "+3"] {
+        // A date already past is "now".
+        assert_eq!(parse_retry_after_at("Fri, 31 Dec 1999 21:00:00 GMT", now), Ok(Duration::ZERO));
+        for bad in ["", "-1", "soon", "+3", "1.", ".5", "Fri, 32 Dec 1999 23:59:59 GMT"] {
             assert_eq!(parse_retry_after(bad), Err(ParseRetryAfterError::Invalid), "{bad:?}");
         }
         assert_eq!(parse_retry_after_ms("1500"), Ok(1500 * MS));

@@ -12,52 +12,107 @@ use std::fmt;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-/// Counts the output tokens an item (a stream item, a body's data frame) stands for.
+/// Counts the output tokens of a response as it passes: a stream's items or a body's data frames.
 ///
-/// Implemented by [`OnePerItem`] and by every `FnMut(&T) -> u32` closure or function.
-pub trait TokenCounter<T: ?Sized> {
-    /// Output tokens in `item`.
+/// [`count`](OutputCounter::count) is called for every item and its results are summed;
+/// [`total`](OutputCounter::total) turns that sum into what the permit is
+/// [completed](Permit::complete) with. A counter that cannot tell how many tokens it saw answers `None`
+/// there, and the permit is then dropped without a report (the learned reservation and the token-rate
+/// refund see nothing) instead of being completed with a made-up number.
+///
+/// Implemented by [`OnePerItem`], [`Uncounted`], `kvgate::openai::OutputTokens` (feature `openai`), and
+/// every `FnMut(&T) -> u32` closure or function (tokens per item, summed).
+///
+/// Prompt sizes are estimated by a different trait, `kvgate::openai::PromptEstimator`: this one only
+/// counts what was generated.
+pub trait OutputCounter<T: ?Sized> {
+    /// Output tokens in `item`, added to the running sum.
     fn count(&mut self, item: &T) -> u32;
+
+    /// The output tokens of the whole response so far, given the running sum of
+    /// [`count`](OutputCounter::count); `None` when they cannot be told. The default is the sum.
+    fn total(&self, summed: u32) -> Option<u32> {
+        Some(summed)
+    }
 }
 
 /// Counts one output token per item: right for streams that yield one token (or one SSE event per
-/// token) at a time.
+/// token) at a time. The default of [`PermitStream`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct OnePerItem;
 
-impl<T: ?Sized> TokenCounter<T> for OnePerItem {
+impl<T: ?Sized> OutputCounter<T> for OnePerItem {
     #[inline]
     fn count(&mut self, _item: &T) -> u32 {
         1
     }
 }
 
-impl<T: ?Sized, F: FnMut(&T) -> u32> TokenCounter<T> for F {
+/// Counts nothing and reports nothing: the permit is returned without an output count. The default of
+/// [`PermitBody`](crate::http::PermitBody), whose data frames are bytes, not tokens (a non-streamed
+/// answer is one frame, however many tokens it holds).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Uncounted;
+
+impl<T: ?Sized> OutputCounter<T> for Uncounted {
+    #[inline]
+    fn count(&mut self, _item: &T) -> u32 {
+        0
+    }
+
+    fn total(&self, _summed: u32) -> Option<u32> {
+        None
+    }
+}
+
+impl<T: ?Sized, F: FnMut(&T) -> u32> OutputCounter<T> for F {
     #[inline]
     fn count(&mut self, item: &T) -> u32 {
         self(item)
     }
 }
 
-/// Holds a permit and the tokens counted so far; completes the permit exactly once — when told to, or
-/// when dropped.
-pub(crate) struct Completion {
+/// Holds a permit, a counter, the running sum of its counts and its latest total; completes the permit
+/// exactly once — when told to, or when dropped — with that total, or drops it unreported when the
+/// total is unknown.
+pub(crate) struct Completion<F> {
     permit: Option<Permit>,
-    counted: u32,
+    counter: F,
+    summed: u32,
+    /// `counter.total(summed)`, refreshed after every item (the item type is known there, not in `Drop`).
+    total: Option<u32>,
 }
 
-impl Completion {
-    pub(crate) fn new(permit: Permit) -> Self {
-        Self { permit: Some(permit), counted: 0 }
+impl<F> Completion<F> {
+    /// Holds `permit`, counting items of type `T` with `counter`.
+    pub(crate) fn new<T: ?Sized>(permit: Permit, counter: F) -> Self
+    where
+        F: OutputCounter<T>,
+    {
+        let total = counter.total(0);
+        Self { permit: Some(permit), counter, summed: 0, total }
     }
 
+    /// The same permit, counted by `counter` from the start.
+    pub(crate) fn recount<T: ?Sized, G: OutputCounter<T>>(mut self, counter: G) -> Completion<G> {
+        let total = counter.total(0);
+        Completion { permit: self.permit.take(), counter, summed: 0, total }
+    }
+
+    /// Passes `item` to the counter.
     #[inline]
-    pub(crate) fn add(&mut self, tokens: u32) {
-        self.counted = self.counted.saturating_add(tokens);
+    pub(crate) fn count<T: ?Sized>(&mut self, item: &T)
+    where
+        F: OutputCounter<T>,
+    {
+        let tokens = self.counter.count(item);
+        self.summed = self.summed.saturating_add(tokens);
+        self.total = self.counter.total(self.summed);
     }
 
-    pub(crate) fn counted(&self) -> u32 {
-        self.counted
+    /// The output tokens counted so far, `None` if they cannot be told.
+    pub(crate) fn tokens(&self) -> Option<u32> {
+        self.total
     }
 
     pub(crate) fn permit(&self) -> Option<&Permit> {
@@ -68,10 +123,14 @@ impl Completion {
         self.permit.is_none()
     }
 
-    /// Completes the permit with the count so far; later calls do nothing.
+    /// Completes the permit with the total, or drops it unreported when the total is unknown; later
+    /// calls do nothing.
     pub(crate) fn finish(&mut self) {
         if let Some(permit) = self.permit.take() {
-            permit.complete(self.counted);
+            match self.total {
+                Some(tokens) => permit.complete(tokens),
+                None => drop(permit),
+            }
         }
     }
 
@@ -81,15 +140,15 @@ impl Completion {
     }
 }
 
-impl Drop for Completion {
+impl<F> Drop for Completion<F> {
     fn drop(&mut self) {
         self.finish();
     }
 }
 
-impl fmt::Debug for Completion {
+impl<F> fmt::Debug for Completion<F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Completion").field("permit", &self.permit).field("counted", &self.counted).finish()
+        f.debug_struct("Completion").field("permit", &self.permit).field("tokens", &self.total).finish()
     }
 }
 
@@ -103,7 +162,8 @@ impl fmt::Debug for Completion {
 ///
 /// Either way the permit is completed exactly once. Each item counts as one token unless a counter is
 /// set with [`count_with`](PermitStream::count_with) (for items holding several tokens, or for
-/// `Result` items that should not count errors). Counts saturate at `u32::MAX`.
+/// `Result` items that should not count errors); a counter whose total is unknown has the permit
+/// dropped without a report. Counts saturate at `u32::MAX`.
 ///
 /// # Examples
 ///
@@ -122,7 +182,7 @@ impl fmt::Debug for Completion {
 ///         assert_eq!(admission.snapshot().in_flight, 1);
 ///     }
 /// });
-/// assert_eq!(guarded.tokens_so_far(), 3);
+/// assert_eq!(guarded.tokens_so_far(), Some(3));
 /// assert_eq!(admission.snapshot().in_flight, 0); // completed with 3 tokens at the end
 /// ```
 #[pin_project]
@@ -131,20 +191,20 @@ pub struct PermitStream<S, F = OnePerItem> {
     // Field order matters: the stream is dropped before the permit is completed.
     #[pin]
     inner: S,
-    counter: F,
-    completion: Completion,
+    completion: Completion<F>,
 }
 
 impl<S: Stream> PermitStream<S> {
     /// Wraps `stream`, holding `permit`, counting one output token per item.
     pub fn new(stream: S, permit: Permit) -> Self {
-        Self { inner: stream, counter: OnePerItem, completion: Completion::new(permit) }
+        Self { inner: stream, completion: Completion::new::<S::Item>(permit, OnePerItem) }
     }
 }
 
 impl<S: Stream, F> PermitStream<S, F> {
-    /// Counts output tokens with `counter` instead (a function of each item), for example the tokens in a
-    /// chunk, or 0 for keep-alive and error items.
+    /// Counts output tokens with `counter` instead (an [`OutputCounter`], or a function of each item),
+    /// for example the tokens in a chunk, or 0 for keep-alive and error items. Call it before the first
+    /// item: the count starts again from zero.
     ///
     /// # Examples
     ///
@@ -158,21 +218,21 @@ impl<S: Stream, F> PermitStream<S, F> {
     /// let chunks = stream::iter(vec![vec![1, 2, 3], vec![4, 5]]); // token ids per chunk
     /// let mut s = PermitStream::new(chunks, permit).count_with(|chunk: &Vec<u32>| chunk.len() as u32);
     /// futures::executor::block_on(async { while s.next().await.is_some() {} });
-    /// assert_eq!(s.tokens_so_far(), 5);
+    /// assert_eq!(s.tokens_so_far(), Some(5));
     /// ```
     pub fn count_with<G>(self, counter: G) -> PermitStream<S, G>
     where
-        G: TokenCounter<S::Item>,
+        G: OutputCounter<S::Item>,
     {
-        let PermitStream { inner, counter: _, completion } = self;
-        PermitStream { inner, counter, completion }
+        let PermitStream { inner, completion } = self;
+        PermitStream { inner, completion: completion.recount::<S::Item, G>(counter) }
     }
 }
 
 impl<S, F> PermitStream<S, F> {
-    /// Output tokens counted so far.
-    pub fn tokens_so_far(&self) -> u32 {
-        self.completion.counted()
+    /// Output tokens counted so far; `None` when the counter cannot tell.
+    pub fn tokens_so_far(&self) -> Option<u32> {
+        self.completion.tokens()
     }
 
     /// The permit, while the stream has not ended; `None` after it ended (the permit was completed).
@@ -197,14 +257,14 @@ impl<S, F> PermitStream<S, F> {
 
     /// Unwraps into the inner stream, the permit (`None` if the stream already ended) **not** completed,
     /// and the tokens counted so far. The caller takes over completing the permit.
-    pub fn into_inner(self) -> (S, Option<Permit>, u32) {
-        let PermitStream { inner, counter: _, mut completion } = self;
-        let counted = completion.counted();
+    pub fn into_inner(self) -> (S, Option<Permit>, Option<u32>) {
+        let PermitStream { inner, mut completion } = self;
+        let counted = completion.tokens();
         (inner, completion.take(), counted)
     }
 }
 
-impl<S: Stream, F: TokenCounter<S::Item>> Stream for PermitStream<S, F> {
+impl<S: Stream, F: OutputCounter<S::Item>> Stream for PermitStream<S, F> {
     type Item = S::Item;
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<S::Item>> {
@@ -214,8 +274,7 @@ impl<S: Stream, F: TokenCounter<S::Item>> Stream for PermitStream<S, F> {
         }
         match this.inner.poll_next(cx) {
             Poll::Ready(Some(item)) => {
-                let tokens = this.counter.count(&item);
-                this.completion.add(tokens);
+                this.completion.count(&item);
                 Poll::Ready(Some(item))
             }
             Poll::Ready(None) => {
@@ -231,7 +290,7 @@ impl<S: Stream, F: TokenCounter<S::Item>> Stream for PermitStream<S, F> {
     }
 }
 
-impl<S: Stream, F: TokenCounter<S::Item>> FusedStream for PermitStream<S, F> {
+impl<S: Stream, F: OutputCounter<S::Item>> FusedStream for PermitStream<S, F> {
     fn is_terminated(&self) -> bool {
         self.completion.is_done()
     }
@@ -241,7 +300,7 @@ impl<S, F> fmt::Debug for PermitStream<S, F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PermitStream")
             .field("permit", &self.completion.permit())
-            .field("tokens_so_far", &self.completion.counted())
+            .field("tokens_so_far", &self.completion.tokens())
             .finish_non_exhaustive()
     }
 }

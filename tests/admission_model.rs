@@ -20,8 +20,20 @@ fn cases() -> u32 {
 }
 
 fn req() -> impl Strategy<Value = Req> {
-    (0u32..40, 0u32..40, 0usize..3, prop::option::of(0u8..TENANTS), prop::option::of(0u64..30))
-        .prop_map(|(prompt, max_new, class, tenant, max_wait_ms)| Req { prompt, max_new, class, tenant, max_wait_ms })
+    (
+        (0u32..40, 0u32..40, 0usize..3),
+        prop::option::of(0u8..TENANTS),
+        prop::option::of(0u64..30),
+        prop::option::of((0u8..4, 0u32..30)),
+    )
+        .prop_map(|((prompt, max_new, class), tenant, max_wait_ms, prefix)| Req {
+            prompt,
+            max_new,
+            class,
+            tenant,
+            max_wait_ms,
+            prefix,
+        })
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -44,21 +56,24 @@ fn config() -> impl Strategy<Value = Config> {
         (1usize..6, 30u64..200, 0usize..8),
         (prop::option::of((1u64..3, 1u64..6)), prop::option::of((5u64..40, 80u64..300))),
         (prop::option::of(1usize..3), prop::option::of(20u8..=100), prop::option::of((5u64..40, 80u64..300))),
-        prop::option::of(0u64..40),
+        (prop::option::of(0u64..40), prop::option::of(1usize..4)),
     )
-        .prop_map(|((max_in_flight, kv_capacity, queue_capacity), (request_rate, token_rate), tenant, wait)| {
-            Config {
-                max_in_flight,
-                kv_capacity,
-                queue_capacity,
-                request_rate,
-                token_rate,
-                tenant_cap: tenant.0,
-                tenant_share_pct: tenant.1,
-                tenant_token_rate: tenant.2,
-                max_queue_wait_ms: wait,
-            }
-        })
+        .prop_map(
+            |((max_in_flight, kv_capacity, queue_capacity), (request_rate, token_rate), tenant, (wait, prefix))| {
+                Config {
+                    max_in_flight,
+                    kv_capacity,
+                    queue_capacity,
+                    request_rate,
+                    token_rate,
+                    tenant_cap: tenant.0,
+                    tenant_share_pct: tenant.1,
+                    tenant_token_rate: tenant.2,
+                    max_queue_wait_ms: wait,
+                    prefix_sharing: prefix,
+                }
+            },
+        )
 }
 
 proptest! {

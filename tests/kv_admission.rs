@@ -13,13 +13,16 @@ fn sliding_window_model_admits_what_the_plan_says() {
     let request = Request::new(32_768 - 1_024, 1_024);
     let mut held = Vec::new();
     while let Ok(permit) = admission.try_admit(&request) {
-        assert_eq!(permit.kv_reserved(), gemma.kv_bytes_paged(32_768, KvDtype::Bf16, 16));
+        // Priced as vLLM holds it: 3,187,671,040 B at 32k (groups of 10 layers, the last sliding group
+        // padded), reserved at the most it holds while it grows (one more sliding block at some lengths).
+        assert_eq!(permit.kv_reserved(), plan.max_sequence_bytes(32_768));
+        assert_eq!(plan.sequence_bytes(32_768), 3_187_671_040);
+        assert!(permit.kv_reserved() >= plan.sequence_bytes(32_768));
         held.push(permit);
     }
-    // The admission prices with the per-layer paged count against the whole pool.
-    assert_eq!(held.len() as u64, plan.kv_pool_bytes() / gemma.kv_bytes_paged(32_768, KvDtype::Bf16, 16));
-    // The engine-exact figure for the same card: vLLM's own block accounting.
-    assert_eq!(plan.max_sequences(32_768), (plan.num_blocks() - 1) / (2048 + 6 * 64));
+    // Exactly the sequences vLLM's block accounting fits on the card, each at its largest.
+    assert_eq!(held.len() as u64, plan.kv_budget_bytes() / plan.max_sequence_bytes(32_768));
+    assert!(held.len() as u64 <= plan.max_sequences(32_768), "{} vs {}", held.len(), plan.max_sequences(32_768));
     // Counting every layer as full attention would have admitted far fewer.
     let naive = plan.kv_pool_bytes() / gemma.kv_bytes_naive(32_768, KvDtype::Bf16);
     assert!(held.len() as u64 >= 4 * naive.max(1), "{} vs naive {naive}", held.len());

@@ -44,7 +44,7 @@ fn held_while_streaming_and_completed_at_the_end() {
     assert_eq!(a.snapshot().in_flight, 0);
     assert_eq!(a.snapshot().kv_used, 0);
     assert!(s.permit().is_none() && s.is_terminated());
-    assert_eq!(s.tokens_so_far(), 5);
+    assert_eq!(s.tokens_so_far(), Some(5));
     assert_eq!(s.size_hint(), (0, Some(0)));
     assert_eq!(block_on(s.next()), None, "fused");
     drop(s);
@@ -88,7 +88,7 @@ fn counting_function_is_used() {
     let chunks = stream::iter(vec!["one two", "three", "", "four five six"]);
     let mut s = PermitStream::new(chunks, permit).count_with(|chunk: &&str| chunk.split_whitespace().count() as u32);
     block_on(async { while s.next().await.is_some() {} });
-    assert_eq!(s.tokens_so_far(), 6);
+    assert_eq!(s.tokens_so_far(), Some(6));
     assert_available(&a, 84);
 }
 
@@ -110,7 +110,7 @@ fn into_inner_hands_the_permit_over() {
     let mut s = PermitStream::new(stream::iter(0..3), a.try_admit(&Request::new(1, 10)).unwrap());
     block_on(s.next());
     let (rest, permit, counted) = s.into_inner();
-    assert_eq!(counted, 1);
+    assert_eq!(counted, Some(1));
     assert_eq!(a.snapshot().in_flight, 1);
     assert_eq!(block_on(rest.collect::<Vec<_>>()), [1, 2]);
     permit.unwrap().complete(3);
@@ -121,5 +121,18 @@ fn into_inner_hands_the_permit_over() {
 fn debug_shows_the_count() {
     let a = Admission::builder().build().unwrap();
     let s = PermitStream::new(stream::iter(0..1), a.try_admit(&Request::new(1, 1)).unwrap());
-    assert!(format!("{s:?}").contains("tokens_so_far: 0"));
+    assert!(format!("{s:?}").contains("tokens_so_far: Some(0)"));
+}
+
+#[test]
+fn a_counter_that_cannot_count_reports_nothing() {
+    // `Uncounted`: the permit is dropped, not completed, so the token-rate reservation stays spent and the
+    // learned reservation learns nothing.
+    let a = token_limited();
+    let permit = a.try_admit(&Request::new(10, 90)).unwrap();
+    let mut s = PermitStream::new(stream::iter(0..3), permit).count_with(kvgate::stream::Uncounted);
+    block_on(async { while s.next().await.is_some() {} });
+    assert_eq!(s.tokens_so_far(), None);
+    assert_eq!(a.snapshot().in_flight, 0);
+    assert!(a.try_admit(&Request::new(0, 1)).is_err(), "nothing refunded");
 }

@@ -79,7 +79,7 @@ async fn admitted_request_holds_the_permit_until_the_body_is_done() {
     assert_eq!(a.snapshot().in_flight, 1);
     assert!(body.frame().await.is_none());
     assert_eq!(a.snapshot().in_flight, 0, "released at the end of the body");
-    assert_eq!(body.permit_body().unwrap().tokens_so_far(), 1);
+    assert_eq!(body.permit_body().unwrap().tokens_so_far(), None, "bytes are not tokens: no count by default");
 
     // Dropped unread (the client went away): released too.
     let res = svc.oneshot(request(10, 20)).await.unwrap();
@@ -268,11 +268,138 @@ async fn streamed_body_counts_sse_events_and_refunds_unused_tokens() {
     tx.unbounded_send(Ok(http_body::Frame::data(Bytes::from("data: c\n\n")))).unwrap();
     body.frame().await.unwrap().unwrap();
     body.frame().await.unwrap().unwrap();
-    assert_eq!(body.permit_body().unwrap().tokens_so_far(), 3);
+    assert_eq!(body.permit_body().unwrap().tokens_so_far(), Some(3));
     assert!((&mut body.frame()).now_or_never().is_none(), "the generation is still running");
     drop(body); // client disconnect mid-stream: complete(3)
     drop(tx);
     // 87 of the 90 reserved output tokens came back.
     assert!(a.try_admit(&Request::new(0, 88)).is_err());
     assert!(a.try_admit(&Request::new(0, 87)).is_ok());
+}
+
+/// A learned reservation behind the layer with the default counter: 40 non-streamed answers (one
+/// frame each, hundreds of tokens) must not teach it that outputs are 1 token long.
+#[tokio::test]
+async fn one_frame_answers_do_not_collapse_the_learned_reservation() {
+    let a = Admission::builder().reservation(kvgate::Reservation::learned()).build().unwrap();
+    let svc = AdmissionLayer::new(a.clone(), to_request).layer(hello(Arc::default()));
+    for _ in 0..40 {
+        let res = svc.clone().oneshot(request(10, 1000)).await.unwrap();
+        body_text(res.into_body()).await; // one frame: "hello"
+    }
+    assert_eq!(a.output_estimate(), 1.0, "nothing was reported, nothing was learned");
+}
+
+/// The layer answers a wait that timed out with a `Retry-After`, like every retryable rejection.
+#[tokio::test]
+async fn a_timed_out_wait_carries_retry_after() {
+    let a = Admission::builder()
+        .max_in_flight(1)
+        .queue_capacity(4)
+        .max_queue_wait(Duration::from_millis(20))
+        .build()
+        .unwrap();
+    let _held = a.try_admit(&Request::new(1, 1)).unwrap();
+    let svc = AdmissionLayer::new(a.clone(), to_request).layer(hello(Arc::default()));
+    let res = tokio::time::timeout(Duration::from_secs(10), svc.oneshot(request(1, 1))).await.unwrap().unwrap();
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let body = body_text(res.into_body()).await;
+    assert!(body.contains(r#""code":"timed_out""#), "{body}");
+    let a2 = a.clone();
+    let res = {
+        let svc = AdmissionLayer::new(a2, to_request).layer(hello(Arc::default()));
+        tokio::time::timeout(Duration::from_secs(10), svc.oneshot(request(1, 1))).await.unwrap().unwrap()
+    };
+    let secs: u64 = header(&res, "retry-after").expect("TimedOut without Retry-After").parse().unwrap();
+    assert!(secs >= 1);
+    assert!(header(&res, "retry-after-ms").is_some());
+}
+
+/// Answers carry OpenAI's rate-limit headers, from the tenant's buckets when it has tighter ones.
+#[tokio::test]
+async fn answers_carry_rate_limit_headers() {
+    let a = Admission::builder()
+        .request_rate(100.0, 50)
+        .token_rate(1_000.0, 10_000)
+        .tenant_defaults(kvgate::TenantLimits::new().request_rate(1.0, 5))
+        .clock(ManualClock::new())
+        .build()
+        .unwrap();
+    let svc = AdmissionLayer::new(a.clone(), to_request).layer(hello(Arc::default()));
+    let res = svc.clone().oneshot(request(100, 100)).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(header(&res, "x-ratelimit-limit-requests").as_deref(), Some("50"));
+    assert_eq!(header(&res, "x-ratelimit-remaining-requests").as_deref(), Some("49"));
+    assert_eq!(header(&res, "x-ratelimit-limit-tokens").as_deref(), Some("10000"));
+    assert_eq!(header(&res, "x-ratelimit-remaining-tokens").as_deref(), Some("9800"));
+    assert!(header(&res, "x-ratelimit-reset-tokens").is_some());
+    drop(res);
+
+    let tenant = |req: &HttpRequest| to_request(req).map(|r| r.tenant("alice"));
+    let svc = AdmissionLayer::new(a.clone(), tenant).layer(hello(Arc::default()));
+    let res = svc.clone().oneshot(request(1, 1)).await.unwrap();
+    assert_eq!(header(&res, "x-ratelimit-limit-requests").as_deref(), Some("5"), "the tenant's bucket is tighter");
+    assert_eq!(header(&res, "x-ratelimit-remaining-requests").as_deref(), Some("4"));
+    // Rejections carry them too.
+    for _ in 0..4 {
+        drop(svc.clone().oneshot(request(1, 1)).await.unwrap());
+    }
+    let refused = svc.oneshot(request(1, 1)).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&refused, "x-ratelimit-remaining-requests").as_deref(), Some("0"));
+    assert_eq!(header(&refused, "x-ratelimit-reset-requests").as_deref(), Some("5s"));
+
+    // And none when switched off or when no rate is configured.
+    let plain = Admission::builder().build().unwrap();
+    let res = AdmissionLayer::new(plain, to_request).layer(hello(Arc::default())).oneshot(request(1, 1)).await.unwrap();
+    assert!(header(&res, "x-ratelimit-limit-requests").is_none());
+    let res = AdmissionLayer::new(a.clone(), to_request)
+        .rate_limit_headers(false)
+        .layer(hello(Arc::default()))
+        .oneshot(request(1, 1))
+        .await
+        .unwrap();
+    assert!(header(&res, "x-ratelimit-limit-requests").is_none());
+}
+
+/// `new_async`: the mapping owns the request, reads its body, and passes a new body on; a refusal
+/// from it reserves nothing.
+#[tokio::test]
+async fn an_async_mapping_reads_the_body() {
+    use kvgate::openai::{Endpoint, OutputTokens, Parser};
+    let a = Admission::builder().kv_capacity_tokens(10_000).build().unwrap();
+    let parser = Parser::new().default_max_tokens(64);
+    let read = move |req: http::Request<Full<Bytes>>| {
+        let parser = parser.clone();
+        async move {
+            let (parts, body) = req.into_parts();
+            let bytes = body.collect().await.unwrap().to_bytes();
+            let chat = parser.parse(Endpoint::Chat, bytes).map_err(|e| e.to_response())?;
+            Ok::<_, http::Response<Bytes>>((chat.request(), http::Request::from_parts(parts, chat.into_forward_body())))
+        }
+    };
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen2 = seen.clone();
+    let engine = service_fn(move |req: http::Request<Bytes>| {
+        seen2.lock().unwrap().push(req.body().clone());
+        async {
+            let answer = r#"{"choices":[{"message":{"content":"hi"}}],"usage":{"completion_tokens":7}}"#;
+            Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from(answer))))
+        }
+    });
+    let svc = AdmissionLayer::new_async(a.clone(), read).count_with(OutputTokens::new()).layer(engine);
+    let chat = r#"{"messages":[{"role":"user","content":"Hello there!"}]}"#;
+    let res = svc.clone().oneshot(http::Request::new(Full::new(Bytes::from(chat)))).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(a.snapshot().kv_used, 11 + 64);
+    let mut body = res.into_body();
+    while body.frame().await.is_some() {}
+    assert_eq!(body.permit_body().unwrap().tokens_so_far(), Some(7));
+    let forwarded: serde_json::Value = serde_json::from_slice(&seen.lock().unwrap()[0]).unwrap();
+    assert_eq!(forwarded["max_tokens"], 64, "the default reservation is written into the forwarded body");
+
+    let res = svc.oneshot(http::Request::new(Full::new(Bytes::from("{not json")))).await.unwrap();
+    assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+    let s = a.snapshot();
+    assert_eq!((s.in_flight, s.admitted), (0, 1));
 }

@@ -1,7 +1,7 @@
 //! `Admission` on a `ManualClock` with the deadline timer off (fully deterministic), driven by arbitrary
 //! operation sequences — try_admit / admit (polled by hand, cancelled at random) / poll / drop / complete /
 //! clock moves with and without expiry / resize / close, with tenants (caps, KV shares, tenant-only token
-//! rates, weights) — and compared after every step with the exact sequential model shared with
+//! rates, weights) and shared prefixes (a few common ids and invented ones, a small table) — and compared after every step with the exact sequential model shared with
 //! `tests/admission_model.rs`: every outcome, every gauge and every bucket, globally and per tenant. At the
 //! end every waiter is polled until none resolves, everything is dropped, and all is back to zero.
 #![no_main]
@@ -20,6 +20,8 @@ struct ArbReq {
     class: u8,
     tenant: Option<u8>,
     max_wait_ms: Option<u8>,
+    /// (prefix id: a few shared ones, or any id when the high bit is set; prefix tokens)
+    prefix: Option<(u8, u8)>,
 }
 
 impl ArbReq {
@@ -30,6 +32,7 @@ impl ArbReq {
             class: usize::from(self.class % 3),
             tenant: self.tenant.map(|t| t % TENANTS),
             max_wait_ms: self.max_wait_ms.map(|ms| u64::from(ms % 40)),
+            prefix: self.prefix.map(|(id, tokens)| (if id & 0x80 != 0 { id } else { id % 4 }, u32::from(tokens % 60))),
         }
     }
 }
@@ -76,6 +79,7 @@ struct Input {
     tenant_share_pct: Option<u8>,
     tenant_token_rate: Option<(u8, u8)>,
     max_queue_wait_ms: Option<u8>,
+    prefix_sharing: Option<u8>,
     ops: Vec<ArbOp>,
 }
 
@@ -94,6 +98,7 @@ impl Input {
             tenant_share_pct: self.tenant_share_pct.map(|p| p % 100 + 1),
             tenant_token_rate: rate(self.tenant_token_rate, 1),
             max_queue_wait_ms: self.max_queue_wait_ms.map(|ms| u64::from(ms % 50)),
+            prefix_sharing: self.prefix_sharing.map(|n| usize::from(n % 6) + 1),
         }
     }
 }

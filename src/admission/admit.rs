@@ -113,7 +113,7 @@ fn finish(owner: Arc<dyn Owner>, request: &Request, ticket: Ticket, outcome: Out
             if crate::telemetry::QUEUE_TIMES {
                 crate::telemetry::queue_wait(now.saturating_sub(ticket.queued_at));
             }
-            Ok(Permit::granted(owner, request, ticket.kv, ticket.charges, ticket.tenant, now))
+            Ok(Permit::granted(owner, request, ticket.held, ticket.charges, ticket.tenant, now))
         }
         Outcome::Ended(rejection) => {
             owner.refund(ticket.charges, ticket.tenant.as_deref());
@@ -126,7 +126,7 @@ fn finish(owner: Arc<dyn Owner>, request: &Request, ticket: Ticket, outcome: Out
 /// Gives back whatever a waiter holds when its owner stops waiting for it.
 fn abandon(owner: &dyn Owner, ticket: &Ticket) {
     let core = owner.core();
-    core.dispatcher.cancel(core.resources(), ticket.key, ticket.kv, ticket.tenant.as_ref());
+    core.dispatcher.cancel(core.resources(), ticket.key, ticket.held, ticket.tenant.as_ref());
     owner.refund(ticket.charges, ticket.tenant.as_deref());
 }
 

@@ -3,6 +3,7 @@
 use super::core::Core;
 use super::cost::KvCost;
 use super::decision::Shared;
+use super::fairness::Fairness;
 use super::handle::Admission;
 use super::rates::Rates;
 use super::reservation::{Reservation, ReservationState};
@@ -49,13 +50,15 @@ pub struct AdmissionBuilder<C: Clock = MonotonicClock> {
     queue_capacity: usize,
     kv_capacity: Option<u64>,
     kv_capacity_bytes: Option<u64>,
-    kv_cost: KvCost,
+    kv_cost: Result<KvCost, ConfigError>,
     reservation: Reservation,
     request_rate: Option<(f64, u32)>,
     token_rate: Option<(f64, u64)>,
     max_queue_wait: Option<Duration>,
     deadline_timer: bool,
     expected_hold: Duration,
+    max_prefixes: Option<usize>,
+    fairness: Fairness,
     tenants: Option<TenantConfig>,
     clock: C,
 }
@@ -67,13 +70,15 @@ impl Default for AdmissionBuilder<MonotonicClock> {
             queue_capacity: DEFAULT_QUEUE_CAPACITY,
             kv_capacity: None,
             kv_capacity_bytes: None,
-            kv_cost: KvCost::Tokens,
+            kv_cost: Ok(KvCost::Tokens),
             reservation: Reservation::Full,
             request_rate: None,
             token_rate: None,
             max_queue_wait: None,
             deadline_timer: true,
             expected_hold: DEFAULT_EXPECTED_HOLD_TIME,
+            max_prefixes: None,
+            fairness: Fairness::Requests,
             tenants: None,
             clock: MonotonicClock::new(),
         }
@@ -149,6 +154,26 @@ impl<C: Clock> AdmissionBuilder<C> {
         self
     }
 
+    /// Charges a shared prompt prefix once: a request that names its prefix
+    /// ([`Request::prefix`](crate::Request::prefix)) reserves only what it adds beyond the prefix while
+    /// another permit holds the same prefix, as an engine with prefix caching (vLLM, SGLang) stores it once.
+    /// The prefix's reservation is returned with the last permit holding it. At most `max_prefixes`
+    /// prefixes are tracked at once (a request whose prefix finds the table full is charged in full), so
+    /// invented ids cannot grow memory. A tenant's KV share counts what its requests hold beyond shared
+    /// prefixes. Off by default; a request naming a prefix then takes the waiting room's lock (the table
+    /// lives there).
+    pub fn prefix_sharing(mut self, max_prefixes: usize) -> Self {
+        self.max_prefixes = Some(max_prefixes);
+        self
+    }
+
+    /// How waiting requests of different tenants share the server within a priority class (default
+    /// [`Fairness::Requests`], weighted round-robin by requests). See [`Fairness`].
+    pub fn fairness(mut self, fairness: Fairness) -> Self {
+        self.fairness = fairness;
+        self
+    }
+
     fn tenant_config(&mut self) -> &mut TenantConfig {
         self.tenants.get_or_insert_with(TenantConfig::new)
     }
@@ -171,7 +196,7 @@ impl<C: Clock> AdmissionBuilder<C> {
         self
     }
 
-    /// Most tenants tracked at once (default [`DEFAULT_MAX_TENANTS`]); beyond it, new tenants share
+    /// Most tenants tracked at once (default [`DEFAULT_MAX_TENANTS`](crate::DEFAULT_MAX_TENANTS)); beyond it, new tenants share
     /// one overflow tenant with the default limits until idle tenants are evicted.
     pub fn max_tenants(mut self, max_tenants: usize) -> Self {
         self.tenant_config().max_tenants = max_tenants;
@@ -179,7 +204,7 @@ impl<C: Clock> AdmissionBuilder<C> {
     }
 
     /// How long a tenant must be idle (nothing in flight, no request) before its state may be evicted to
-    /// make room (default [`DEFAULT_TENANT_IDLE_TIMEOUT`]). Keep it at least as long as the tenant's
+    /// make room (default [`DEFAULT_TENANT_IDLE_TIMEOUT`](crate::DEFAULT_TENANT_IDLE_TIMEOUT)). Keep it at least as long as the tenant's
     /// buckets take to refill.
     pub fn tenant_idle_timeout(mut self, idle: Duration) -> Self {
         self.tenant_config().idle_timeout = idle;
@@ -200,16 +225,21 @@ impl<C: Clock> AdmissionBuilder<C> {
             max_queue_wait: self.max_queue_wait,
             deadline_timer: self.deadline_timer,
             expected_hold: self.expected_hold,
+            max_prefixes: self.max_prefixes,
+            fairness: self.fairness,
             tenants: self.tenants,
             clock,
         }
     }
 
-    /// Prices every request in KV-cache bytes instead of tokens: a request reserves
-    /// `spec.kv_bytes_paged(prompt_tokens + max_new_tokens, dtype, block_size)` — what the engine really
-    /// allocates for it, window-aware for sliding-window layers. Needs a byte budget:
-    /// [`kv_capacity_bytes`](AdmissionBuilder::kv_capacity_bytes) or
-    /// [`gpu_plan`](AdmissionBuilder::gpu_plan).
+    /// Prices every request in KV-cache bytes instead of tokens: a request reserves the most bytes a
+    /// sequence of `prompt_tokens + max_new_tokens` tokens holds in vLLM's KV cache while it grows
+    /// ([`KvLayout::max_sequence_bytes`](crate::kv::KvLayout::max_sequence_bytes) under
+    /// [`Engine::Vllm`](crate::kv::Engine::Vllm): layer groups, padding, sliding windows, recurrent state —
+    /// exactly what the engine allocates). Needs a byte budget:
+    /// [`kv_capacity_bytes`](AdmissionBuilder::kv_capacity_bytes), or use
+    /// [`gpu_plan`](AdmissionBuilder::gpu_plan) / [`kv_layout`](AdmissionBuilder::kv_layout) for another
+    /// engine.
     ///
     /// This is what lets a sliding-window model (Gemma 2/3, gpt-oss) admit several times more
     /// concurrent long conversations than counting every token in every layer would.
@@ -217,7 +247,7 @@ impl<C: Clock> AdmissionBuilder<C> {
     /// # Examples
     ///
     /// ```
-    /// use kvgate::kv::{KvDtype, ModelSpec};
+    /// use kvgate::kv::{Engine, KvDtype, ModelSpec};
     /// use kvgate::{Admission, Request};
     ///
     /// let gemma = ModelSpec::preset("gemma-3-27b")?;
@@ -226,11 +256,21 @@ impl<C: Clock> AdmissionBuilder<C> {
     ///     .kv_capacity_bytes(20_000_000_000) // 20 GB of KV pool
     ///     .build()?;
     /// let permit = admission.try_admit(&Request::new(30_000, 2_768)).unwrap();
-    /// assert_eq!(permit.kv_reserved(), gemma.kv_bytes_paged(32_768, KvDtype::Bf16, 16));
+    /// assert_eq!(permit.kv_reserved(), gemma.max_sequence_bytes(32_768, KvDtype::Bf16, 16, Engine::Vllm));
     /// # Ok::<(), kvgate::ConfigError>(())
     /// ```
-    pub fn kv_model(mut self, spec: ModelSpec, dtype: KvDtype, block_size: u32) -> Self {
-        self.kv_cost = KvCost::Bytes { spec: Arc::new(spec), dtype, block_size: block_size.max(1) };
+    pub fn kv_model(self, spec: ModelSpec, dtype: KvDtype, block_size: u32) -> Self {
+        match spec.kv_layout(dtype, block_size.max(1), crate::kv::Engine::Vllm) {
+            Ok(layout) => self.kv_layout(layout),
+            Err(error) => Self { kv_cost: Err(error), ..self },
+        }
+    }
+
+    /// Prices every request in bytes under an explicit engine layout (vLLM with or without its hybrid
+    /// manager, llama.cpp slots): see [`ModelSpec::kv_layout`]. Needs a byte budget, as
+    /// [`kv_model`](AdmissionBuilder::kv_model) does.
+    pub fn kv_layout(mut self, layout: crate::kv::KvLayout) -> Self {
+        self.kv_cost = Ok(KvCost::Bytes { layout: Arc::new(layout), gpus: 1 });
         self
     }
 
@@ -247,21 +287,27 @@ impl<C: Clock> AdmissionBuilder<C> {
         self
     }
 
-    /// Takes the KV model, dtype, block size and byte budget (the KV pool) from a GPU capacity plan.
+    /// Takes the KV pricing and the byte budget from a GPU capacity plan: each request is priced by the
+    /// plan's engine layout ([`GpuPlan::max_sequence_bytes`]), and the budget is what that engine can
+    /// hand out ([`GpuPlan::kv_budget_bytes`]: usable blocks × block bytes, across the tensor-parallel
+    /// group), so the admission admits exactly the sequences the engine can hold.
     ///
     /// # Examples
     ///
     /// ```
     /// use kvgate::kv::{GpuPlan, ModelSpec};
-    /// use kvgate::Admission;
+    /// use kvgate::{Admission, Request};
     ///
     /// let plan = GpuPlan::builder(ModelSpec::preset("llama-3.1-8b")?).gpu("h100-80").build()?;
     /// let admission = Admission::builder().gpu_plan(&plan).max_in_flight(256).build()?;
-    /// assert_eq!(admission.snapshot().kv_capacity, plan.kv_pool_bytes());
+    /// assert_eq!(admission.snapshot().kv_capacity, plan.kv_budget_bytes());
+    /// assert_eq!(admission.kv_cost(&Request::new(30_000, 2_768)), plan.max_sequence_bytes(32_768));
     /// # Ok::<(), kvgate::ConfigError>(())
     /// ```
-    pub fn gpu_plan(self, plan: &GpuPlan) -> Self {
-        self.kv_model(plan.model().clone(), plan.kv_dtype(), plan.block_size()).kv_capacity_bytes(plan.kv_pool_bytes())
+    pub fn gpu_plan(mut self, plan: &GpuPlan) -> Self {
+        self.kv_cost =
+            Ok(KvCost::Bytes { layout: Arc::new(plan.layout().clone()), gpus: u64::from(plan.tensor_parallel()) });
+        self.kv_capacity_bytes(plan.kv_budget_bytes())
     }
 
     /// Checks the configuration and builds the admission.
@@ -277,7 +323,8 @@ impl<C: Clock> AdmissionBuilder<C> {
             Some(n) => n as u64,
             None => u64::MAX,
         };
-        let kv_capacity = match (&self.kv_cost, self.kv_capacity, self.kv_capacity_bytes) {
+        let kv_cost = self.kv_cost?;
+        let kv_capacity = match (&kv_cost, self.kv_capacity, self.kv_capacity_bytes) {
             (KvCost::Tokens, Some(_), Some(_)) | (KvCost::Bytes { .. }, Some(_), _) => {
                 return Err(ConfigError::Conflict(
                     "the KV budget is set both in tokens and in bytes; with a KV model use kv_capacity_bytes \
@@ -327,6 +374,10 @@ impl<C: Clock> AdmissionBuilder<C> {
         if self.expected_hold.is_zero() {
             return Err(ConfigError::Zero { what: "expected_hold_time" });
         }
+        self.fairness.validate()?;
+        if self.max_prefixes == Some(0) {
+            return Err(ConfigError::Zero { what: "prefix_sharing's max_prefixes" });
+        }
         let tenants = match self.tenants {
             Some(config) => Some(TenantRegistry::new(config, self.expected_hold, self.clock.clone())?),
             None => None,
@@ -339,12 +390,16 @@ impl<C: Clock> AdmissionBuilder<C> {
                     self.queue_capacity,
                     self.expected_hold,
                     self.deadline_timer,
+                    self.max_prefixes.unwrap_or(0),
+                    matches!(self.fairness, Fairness::Tokens { .. }),
                 ),
                 clock: self.clock,
-                kv_cost: self.kv_cost,
+                kv_cost,
                 reservation: ReservationState::new(self.reservation),
                 rates,
                 max_queue_wait: self.max_queue_wait.map(crate::clock::duration_to_nanos),
+                prefix_sharing: self.max_prefixes.is_some(),
+                fairness: self.fairness,
                 tenants,
             }),
         })

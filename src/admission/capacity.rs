@@ -132,7 +132,7 @@ impl Capacity {
                 return Err(Shortage::Full.into());
             }
         } else {
-            self.take(0, kv_limit, CLOSED)?;
+            self.take_slot(CLOSED)?;
         }
         let from_credit = credit.kv.min(kv);
         let rest = kv - from_credit;
@@ -181,6 +181,28 @@ impl Capacity {
 
     #[inline]
     fn take(&self, kv: u64, kv_limit: u64, refuse: u64) -> Result<(), Refused> {
+        self.take_slot(refuse)?;
+        let taken = if kv == 0 {
+            // Nothing to add, but nothing new is admitted while the use is above a shrunk budget either.
+            self.kv.load(Ordering::Acquire) <= kv_limit
+        } else {
+            self.kv
+                .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |used| {
+                    used.checked_add(kv).filter(|n| *n <= kv_limit)
+                })
+                .is_ok()
+        };
+        if taken {
+            Ok(())
+        } else {
+            // A waiter may have been held back by the slot meanwhile: the caller runs the dispatcher.
+            Err(Refused { shortage: Shortage::Full, dispatch: self.give_back_slot() })
+        }
+    }
+
+    /// Takes one slot, unless a bit of `refuse` is set or the slots are full.
+    #[inline]
+    fn take_slot(&self, refuse: u64) -> Result<(), Refused> {
         let limit = self.slot_limit.load(Ordering::Relaxed);
         let mut word = self.slots.load(Ordering::Relaxed);
         loop {
@@ -191,22 +213,9 @@ impl Capacity {
                 return Err(Shortage::Full.into());
             }
             match self.slots.compare_exchange_weak(word, word + 1, Ordering::AcqRel, Ordering::Relaxed) {
-                Ok(_) => break,
+                Ok(_) => return Ok(()),
                 Err(actual) => word = actual,
             }
-        }
-        if kv == 0 {
-            return Ok(());
-        }
-        let taken = self
-            .kv
-            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |used| used.checked_add(kv).filter(|n| *n <= kv_limit))
-            .is_ok();
-        if taken {
-            Ok(())
-        } else {
-            // A waiter may have been held back by the slot meanwhile: the caller runs the dispatcher.
-            Err(Refused { shortage: Shortage::Full, dispatch: self.give_back_slot() })
         }
     }
 

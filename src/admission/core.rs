@@ -2,7 +2,7 @@
 //! the waiting room and the statistics.
 
 use super::capacity::{Capacity, Credit, Limit as KvLimit, Refused, Shortage};
-use super::dispatcher::{Dispatcher, Resources, Timer};
+use super::dispatcher::{Dispatcher, Held, Resources, Timer};
 use super::rejection::Rejection;
 use super::stats::{Stats, capacity_hint};
 use super::tenant::TenantHandle;
@@ -32,11 +32,13 @@ impl Core {
         queue_capacity: usize,
         expected_hold: Duration,
         deadline_timer: bool,
+        max_prefixes: usize,
+        token_fairness: bool,
     ) -> Self {
         Self {
             hot: CachePadded(Hot { capacity: Capacity::new(max_in_flight), kv_limit: KvLimit::new(kv_capacity) }),
             stats: Stats::new(expected_hold),
-            dispatcher: Dispatcher::new(queue_capacity),
+            dispatcher: Dispatcher::new(queue_capacity, max_prefixes, token_fairness),
             timer: Timer::new(deadline_timer),
         }
     }
@@ -74,7 +76,22 @@ impl Core {
         })
     }
 
-    /// Returns a reservation of `kv` units (and its tenant's part), then lets the dispatcher hand it to
+    /// Returns what a permit (or a refused request) holds — one slot, its own KV units, its share of a
+    /// prefix, its tenant's part — then lets the dispatcher hand it to waiters if any is held back.
+    #[inline]
+    pub(crate) fn release_held(&self, held: Held, tenant: Option<&dyn TenantHandle>) {
+        let Some(prefix) = held.prefix else { return self.release(held.kv, tenant) };
+        let mut unpark = None;
+        if let Some(tenant) = tenant {
+            let core = tenant.core();
+            if core.capacity.release(core.kv_units(held.kv)) {
+                unpark = Some(tenant);
+            }
+        }
+        self.dispatcher.release_shared(self.resources(), held.kv, prefix, unpark);
+    }
+
+    /// Returns one slot and `kv` units (and its tenant's part), then lets the dispatcher hand them to
     /// waiters if any is held back.
     #[inline]
     pub(crate) fn release(&self, kv: u64, tenant: Option<&dyn TenantHandle>) {

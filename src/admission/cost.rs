@@ -1,6 +1,7 @@
-//! What a request costs in the KV budget: tokens, or the bytes a paged KV cache holds for it.
+//! What a request costs in the KV budget: tokens, or the bytes the engine's KV-cache manager holds for it.
 
-use crate::kv::{KvDtype, ModelSpec};
+use super::prefix::{PrefixId, Split};
+use crate::kv::KvLayout;
 use std::sync::Arc;
 
 /// How a request's KV reservation is computed.
@@ -8,8 +9,10 @@ use std::sync::Arc;
 pub(crate) enum KvCost {
     /// `prompt_tokens + max_new_tokens` tokens.
     Tokens,
-    /// The bytes a sequence of `prompt_tokens + max_new_tokens` tokens holds in a paged KV cache.
-    Bytes { spec: Arc<ModelSpec>, dtype: KvDtype, block_size: u32 },
+    /// The most bytes a sequence of `prompt_tokens + max_new_tokens` tokens holds while it grows, under
+    /// the engine's allocator ([`KvLayout::max_sequence_bytes`]), times the GPUs of a tensor-parallel
+    /// group (each holds its share of every request).
+    Bytes { layout: Arc<KvLayout>, gpus: u64 },
 }
 
 impl KvCost {
@@ -17,7 +20,22 @@ impl KvCost {
     pub(crate) fn units(&self, total_tokens: u64) -> u64 {
         match self {
             KvCost::Tokens => total_tokens,
-            KvCost::Bytes { spec, dtype, block_size } => spec.kv_bytes_paged(total_tokens, *dtype, *block_size),
+            KvCost::Bytes { layout, gpus } => layout.max_sequence_bytes(total_tokens).saturating_mul(*gpus),
+        }
+    }
+}
+
+impl KvCost {
+    /// The cost of a request of `total_tokens` (prompt and reserved output) split around a prefix of
+    /// `prefix_tokens` (at most the prompt): the prefix's whole blocks once, and what the request adds.
+    pub(crate) fn split(&self, id: PrefixId, total_tokens: u64, prefix_tokens: u64) -> Split {
+        match self {
+            KvCost::Tokens => Split { id, prefix: prefix_tokens, suffix: total_tokens - prefix_tokens },
+            KvCost::Bytes { layout, gpus } => Split {
+                id,
+                prefix: layout.prefix_bytes(prefix_tokens).saturating_mul(*gpus),
+                suffix: layout.max_suffix_bytes(total_tokens, prefix_tokens).saturating_mul(*gpus),
+            },
         }
     }
 }

@@ -22,13 +22,16 @@
 use super::capacity::{Credit, Shortage};
 use super::core::Core;
 use super::cost::KvCost;
-use super::dispatcher::{Enqueued, NewWaiter};
+use super::dispatcher::{Enqueued, Held, NewWaiter};
+use super::fairness::Fairness;
 use super::owner::{Attempt, Owner, Ticket, WaitSpec};
 use super::permit::Permit;
+use super::prefix::Split;
 use super::rates::{Charge, Charges, RateRefusal, Rates};
 use super::rejection::{Limit, Rejection};
 use super::request::Request;
 use super::reservation::ReservationState;
+use super::stats::{MAX_HINT, MIN_HINT};
 use super::tenant::{TenantHandle, TenantRegistry, TenantState};
 use crate::clock::Clock;
 use std::sync::Arc;
@@ -53,6 +56,10 @@ pub(crate) struct Shared<C: Clock> {
     pub(crate) rates: Rates<C>,
     /// Default longest queue wait in clock nanoseconds.
     pub(crate) max_queue_wait: Option<u64>,
+    /// Whether requests naming a prefix share its KV (`prefix_sharing`).
+    pub(crate) prefix_sharing: bool,
+    /// How waiting tenants share the server.
+    pub(crate) fairness: Fairness,
     pub(crate) tenants: Option<TenantRegistry<C>>,
 }
 
@@ -63,9 +70,18 @@ impl<C: Clock> Shared<C> {
         self.kv_cost.units(self.reservation.tokens(request))
     }
 
-    /// Step 1, global part: what no amount of waiting changes. Returns the request's KV units.
+    /// The request's cost split around its shared prefix, when prefix sharing is on and it named one.
     #[inline]
-    fn validate(&self, request: &Request) -> Result<u64, Rejection> {
+    fn split(&self, request: &Request) -> Option<Split> {
+        let prefix = request.prefix.filter(|p| self.prefix_sharing && p.tokens > 0)?;
+        let tokens = u64::from(prefix.tokens.min(request.prompt_tokens));
+        Some(self.kv_cost.split(prefix.id, self.reservation.tokens(request), tokens))
+    }
+
+    /// Step 1, global part: what no amount of waiting changes. Returns the request's KV units (its whole
+    /// cost, prefix included) and its split around a shared prefix.
+    #[inline]
+    fn validate(&self, request: &Request) -> Result<(u64, Option<Split>), Rejection> {
         let total = request.total_tokens();
         if total == 0 {
             return Err(Rejection::Invalid { reason: "the request asks for zero tokens (prompt and output both 0)" });
@@ -73,7 +89,8 @@ impl<C: Clock> Shared<C> {
         if self.core.is_closed() {
             return Err(Rejection::Closed);
         }
-        let kv = self.kv_cost(request);
+        let split = self.split(request);
+        let kv = split.map_or_else(|| self.kv_cost(request), |s| s.whole());
         let budget = self.core.kv_limit();
         if kv > budget {
             return Err(Rejection::TooLarge { limit: Limit::KvBudget, requested: kv, capacity: budget });
@@ -83,7 +100,7 @@ impl<C: Clock> Shared<C> {
                 return Err(Rejection::TooLarge { limit: Limit::TokenRate, requested: total, capacity: burst });
             }
         }
-        Ok(kv)
+        Ok((kv, split))
     }
 
     /// The one decision (see the module docs).
@@ -96,8 +113,8 @@ impl<C: Clock> Shared<C> {
         request: &Request,
         wait: Option<WaitSpec>,
     ) -> Attempt {
-        let kv = match self.validate(request) {
-            Ok(kv) => kv,
+        let (kv, split) = match self.validate(request) {
+            Ok(valid) => valid,
             Err(rejection) => return Attempt::Refused(rejection),
         };
         let class = request.priority.index();
@@ -116,19 +133,28 @@ impl<C: Clock> Shared<C> {
             _ => None,
         };
         let core = &self.core;
-        // Step 2: global capacity.
-        if let Err(shortage) = core.try_take(kv, class) {
-            return match (shortage, wait) {
-                (Shortage::Closed, _) => Attempt::Refused(Rejection::Closed),
-                (_, Some(wait)) => self.queue(this, request, kv, tenant, wait, HeldBy::Server),
-                (_, None) => Attempt::Refused(self.refusal(HeldBy::Server, class, tenant.as_deref())),
-            };
-        }
-        // Step 3: the tenant's own capacity.
+        // Step 2: global capacity (a request sharing a prefix takes the waiting room's lock, where the
+        // prefix table lives).
+        let taken = match &split {
+            Some(split) => core.dispatcher.take_shared(core.resources(), split, class),
+            None => core.try_take(kv, class).map(|()| Held { kv, prefix: None, saved: 0 }),
+        };
+        let held = match taken {
+            Ok(held) => held,
+            Err(shortage) => {
+                return match (shortage, wait) {
+                    (Shortage::Closed, _) => Attempt::Refused(Rejection::Closed),
+                    (_, Some(wait)) => self.queue(this, request, (kv, split), tenant, wait, HeldBy::Server),
+                    (_, None) => Attempt::Refused(self.refusal(HeldBy::Server, class, tenant.as_deref())),
+                };
+            }
+        };
+        // Step 3: the tenant's own capacity (its own units: a shared prefix is counted once, globally).
         if let Some(t) = &tenant {
             let tc = t.core();
-            if let Err(refused) = tc.capacity.try_take(tc.kv_units(kv), tc.kv_limit(core.kv_limit()), class) {
-                core.release(kv, None);
+            let own = held.kv;
+            if let Err(refused) = tc.capacity.try_take(tc.kv_units(own), tc.kv_limit(core.kv_limit()), class) {
+                core.release_held(held, None);
                 if refused.dispatch {
                     core.dispatcher.dispatch(
                         core.resources(),
@@ -137,7 +163,7 @@ impl<C: Clock> Shared<C> {
                     );
                 }
                 return match wait {
-                    Some(wait) => self.queue(this, request, kv, tenant, wait, HeldBy::Tenant),
+                    Some(wait) => self.queue(this, request, (kv, split), tenant, wait, HeldBy::Tenant),
                     None => Attempt::Refused(self.refusal(HeldBy::Tenant, class, tenant.as_deref())),
                 };
             }
@@ -151,11 +177,16 @@ impl<C: Clock> Shared<C> {
                     // are parked, so that they hold back nobody behind them.
                     core.dispatcher.dispatch(core.resources(), None, Credit::default());
                 }
+                core.stats.count_prefix_saved(held.saved);
+                if let (Some(t), Fairness::Tokens { .. }) = (&tenant, self.fairness) {
+                    let cost = self.fairness.cost(request.prompt_tokens, request.max_new_tokens);
+                    t.core().charge_virtual_tokens(Fairness::counter_units(cost, t.core().weight));
+                }
                 let tenant = tenant.map(|t| t as Arc<dyn TenantHandle>);
-                Attempt::Granted(Permit::granted(this(), request, kv, charges, tenant, now))
+                Attempt::Granted(Permit::granted(this(), request, held, charges, tenant, now))
             }
             Err(rejection) => {
-                core.release(kv, tenant.as_deref().map(|t| t as &dyn TenantHandle));
+                core.release_held(held, tenant.as_deref().map(|t| t as &dyn TenantHandle));
                 Attempt::Refused(rejection)
             }
         }
@@ -220,7 +251,7 @@ impl<C: Clock> Shared<C> {
         &self,
         this: &impl Fn() -> Arc<dyn Owner>,
         request: &Request,
-        kv: u64,
+        (kv, split): (u64, Option<Split>),
         tenant: Option<Arc<TenantState<C>>>,
         wait: WaitSpec,
         held_by: HeldBy,
@@ -228,11 +259,30 @@ impl<C: Clock> Shared<C> {
         if self.core.dispatcher.queue_capacity() == 0 {
             return Attempt::Refused(self.refusal(held_by, request.priority.index(), tenant.as_deref()));
         }
+        if let Some(deadline) = request.ttft_deadline {
+            // Refuse now what would miss its start deadline, rather than let it wait and fail.
+            let class = request.priority.index();
+            let dispatcher = &self.core.dispatcher;
+            let load = self
+                .core
+                .resources()
+                .load(dispatcher.queued_at_or_above(class) as u64, dispatcher.queued_kv_at_or_above(class));
+            let predicted = load.predicted_wait(kv);
+            if predicted > deadline {
+                self.core.stats.count_shed(1);
+                let retry_after = (predicted - deadline).clamp(MIN_HINT, MAX_HINT);
+                return Attempt::Refused(Rejection::NoCapacity { retry_after });
+            }
+        }
         let total = request.total_tokens();
-        let limit = match (request.max_wait.map(crate::clock::duration_to_nanos), self.max_queue_wait) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+        let limit = [
+            request.max_wait.map(crate::clock::duration_to_nanos),
+            self.max_queue_wait,
+            request.ttft_deadline.map(crate::clock::duration_to_nanos),
+        ]
+        .into_iter()
+        .flatten()
+        .min();
         let limit = match (limit, wait.timeout.map(crate::clock::duration_to_nanos)) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -253,16 +303,24 @@ impl<C: Clock> Shared<C> {
             self.refund(charges, tenant.as_deref());
             return Attempt::Refused(Rejection::TimedOut);
         }
-        let new =
-            NewWaiter { class: request.priority.index(), kv, deadline, tenant: tenant.clone(), notify: wait.notify };
+        let new = NewWaiter {
+            cost: self.fairness.cost(request.prompt_tokens, request.max_new_tokens),
+            class: request.priority.index(),
+            kv,
+            split,
+            start_deadline: request.ttft_deadline.is_some(),
+            deadline,
+            tenant: tenant.clone(),
+            notify: wait.notify,
+        };
         match self.core.dispatcher.enqueue(self.core.resources(), new) {
-            Ok(Enqueued::Granted) => {
+            Ok(Enqueued::Granted(held)) => {
                 let now = self.clock.now_nanos();
-                Attempt::Granted(Permit::granted(this(), request, kv, charges, tenant, now))
+                Attempt::Granted(Permit::granted(this(), request, held, charges, tenant, now))
             }
-            Ok(Enqueued::Waiting { key, deadline_added }) => Attempt::Queued(Ticket {
+            Ok(Enqueued::Waiting { key, deadline_added, held }) => Attempt::Queued(Ticket {
                 key,
-                kv,
+                held,
                 charges,
                 tenant,
                 deadline,
@@ -315,6 +373,13 @@ impl<C: Clock> Owner for Shared<C> {
 
     fn refund(&self, charges: Charges, tenant: Option<&dyn TenantHandle>) {
         Shared::refund(self, charges, tenant);
+    }
+
+    fn refund_output(&self, unused_output: u64, tenant: Option<&dyn TenantHandle>) {
+        if let (Some(tenant), Fairness::Tokens { .. }) = (tenant, self.fairness) {
+            let core = tenant.core();
+            core.refund_virtual_tokens(Fairness::counter_units(self.fairness.output_cost(unused_output), core.weight));
+        }
     }
 
     #[inline]

@@ -193,6 +193,7 @@ impl<C: Clock> Admission<C> {
         let capacity = core.capacity();
         let to_usize = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
         let slot_limit = capacity.slot_limit();
+        let prefixes = if self.shared.prefix_sharing { core.dispatcher.prefixes() } else { 0 };
         Snapshot {
             in_flight: to_usize(capacity.slots_used()),
             max_in_flight: if slot_limit >= MAX_SLOTS { usize::MAX } else { to_usize(slot_limit) },
@@ -205,6 +206,9 @@ impl<C: Clock> Admission<C> {
             closed: core.is_closed(),
             mean_hold: core.stats.hold.mean(),
             waker_panics: core.stats.waker_panics(),
+            shed: core.stats.shed(),
+            prefixes,
+            kv_saved_by_prefixes: core.stats.prefix_saved(),
         }
     }
 
@@ -334,7 +338,7 @@ impl<C: Clock> Admission<C> {
     }
 
     /// The fraction of `max_new_tokens` a request's KV reservation covers now: 1.0 with
-    /// [`Reservation::Full`], the learned estimate with [`Reservation::Learned`].
+    /// [`Reservation::Full`](crate::Reservation::Full), the learned estimate with [`Reservation::Learned`](crate::Reservation::Learned).
     pub fn output_estimate(&self) -> f64 {
         self.shared.reservation.ratio()
     }

@@ -15,8 +15,11 @@
 //! | `decision.rs` | the one admit path, the order of checks (all or nothing), rate hints |
 //! | `capacity.rs` | the capacity words: slots and KV with held-back and closed bits (no lost wake-up) |
 //! | `dispatcher/` | the waiting room: fair queues, waiter states, wake-ups after the lock, deadlines |
+//! | `fairness.rs` | the fairness policy: requests (weighted round-robin) or tokens (virtual counters) |
 //! | `tenant/` | tenant ids, limits, state and the bounded registry |
 //! | `reservation.rs`, `cost.rs` | how much KV a request reserves, in tokens or bytes |
+//! | `prefix.rs` | shared prompt prefixes charged once while held, in a bounded table |
+//! | `hasher.rs` | the one-multiply hasher of the waiting room's maps |
 //! | `rates.rs` | request and token buckets charged together, and what each was charged |
 //! | `owner.rs` | the type-erased admission that permits and waiters hold (breaks the import cycle) |
 //! | `permit.rs`, `admit.rs` | the RAII grant; the waiting future and the blocking wait |
@@ -41,9 +44,12 @@ mod core;
 mod cost;
 mod decision;
 mod dispatcher;
+mod fairness;
 mod handle;
+mod hasher;
 mod owner;
 mod permit;
+mod prefix;
 mod rates;
 mod rejection;
 mod request;
@@ -54,8 +60,10 @@ mod tenant;
 
 pub use admit::Admit;
 pub use builder::{AdmissionBuilder, DEFAULT_EXPECTED_HOLD_TIME, DEFAULT_QUEUE_CAPACITY};
+pub use fairness::Fairness;
 pub use handle::Admission;
 pub use permit::Permit;
+pub use prefix::{Prefix, PrefixId};
 pub use rates::{RateLimitStatus, RateStatus};
 pub use rejection::{Limit, Rejection};
 pub use request::{Priority, Request};

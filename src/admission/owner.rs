@@ -5,7 +5,7 @@
 //! this file is what keeps the import graph acyclic.
 
 use super::core::Core;
-use super::dispatcher::{Notify, WaiterKey};
+use super::dispatcher::{Held, Notify, WaiterKey};
 use super::permit::Permit;
 use super::rates::Charges;
 use super::rejection::Rejection;
@@ -27,7 +27,8 @@ pub(crate) struct WaitSpec {
 #[derive(Debug)]
 pub(crate) struct Ticket {
     pub(crate) key: WaiterKey,
-    pub(crate) kv: u64,
+    /// What it holds once granted: its own KV units and its share of a prefix.
+    pub(crate) held: Held,
     pub(crate) charges: Charges,
     pub(crate) tenant: Option<Arc<dyn TenantHandle>>,
     pub(crate) deadline: u64,
@@ -58,6 +59,9 @@ pub(crate) trait Owner: Send + Sync + fmt::Debug + 'static {
     /// The one admission decision: grant now, queue (when `wait` is given), or refuse. A refusal holds
     /// nothing; it is not counted yet.
     fn attempt(&self, this: &Arc<dyn Owner>, request: &Request, wait: Option<WaitSpec>) -> Attempt;
+    /// A completed request produced `unused_output` fewer tokens than it reserved: token fairness takes
+    /// that output back from its tenant's counter.
+    fn refund_output(&self, unused_output: u64, tenant: Option<&dyn TenantHandle>);
     /// Feeds a completed request's real output length to the reservation policy.
     fn observe_output(&self, output_tokens: u32, max_new_tokens: u32);
 }

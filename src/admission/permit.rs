@@ -2,7 +2,9 @@
 //! (globally and in its tenant's limits); dropping it gives them back exactly once and hands them to the
 //! next waiter.
 
+use super::dispatcher::Held;
 use super::owner::Owner;
+use super::prefix::PrefixId;
 use super::rates::Charges;
 use super::request::Request;
 use super::tenant::TenantHandle;
@@ -35,7 +37,10 @@ const HOLD_SAMPLE_EVERY: u64 = 8;
 /// ```
 pub struct Permit {
     owner: Arc<dyn Owner>,
+    /// KV units it holds itself (beyond a shared prefix).
     kv: u64,
+    /// The shared prefix it holds a share of.
+    prefix: Option<PrefixId>,
     prompt_tokens: u32,
     max_new_tokens: u32,
     /// What each rate bucket was charged.
@@ -53,7 +58,7 @@ impl Permit {
     pub(crate) fn granted(
         owner: Arc<dyn Owner>,
         request: &Request,
-        kv: u64,
+        held: Held,
         charges: Charges,
         tenant: Option<Arc<dyn TenantHandle>>,
         now: u64,
@@ -67,7 +72,8 @@ impl Permit {
         crate::telemetry::admitted(request.priority);
         Self {
             owner,
-            kv,
+            kv: held.kv,
+            prefix: held.prefix,
             prompt_tokens: request.prompt_tokens,
             max_new_tokens: request.max_new_tokens,
             charges,
@@ -96,6 +102,9 @@ impl Permit {
     pub fn complete(self, output_tokens: u32) {
         self.owner.observe_output(output_tokens, self.max_new_tokens);
         let unused = u64::from(self.max_new_tokens.saturating_sub(output_tokens));
+        if unused != 0 {
+            self.owner.refund_output(unused, self.tenant.as_deref());
+        }
         if unused != 0 && (self.charges.global.tokens != 0 || self.charges.tenant.tokens != 0) {
             let refund = Charges {
                 global: self.charges.global.unused_tokens(unused),
@@ -106,8 +115,14 @@ impl Permit {
     }
 
     /// KV units this permit holds: tokens (`prompt + max_new`), or bytes when the admission has a KV model.
+    /// With a shared prefix, the units beyond the prefix (the prefix is held once for all its holders).
     pub fn kv_reserved(&self) -> u64 {
         self.kv
+    }
+
+    /// The shared prefix this permit holds a share of, if its request named one and prefix sharing is on.
+    pub fn prefix(&self) -> Option<PrefixId> {
+        self.prefix
     }
 
     /// The request's prompt tokens.
@@ -147,7 +162,7 @@ impl Drop for Permit {
                 tenant.core().hold.record(held);
             }
         }
-        core.release(self.kv, self.tenant.as_deref());
+        core.release_held(Held { kv: self.kv, prefix: self.prefix, saved: 0 }, self.tenant.as_deref());
     }
 }
 

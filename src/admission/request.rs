@@ -1,5 +1,6 @@
 //! What a caller asks for: prompt and output token counts, a priority class, an optional wait limit.
 
+use super::prefix::{Prefix, PrefixId};
 use super::tenant::TenantId;
 use std::time::Duration;
 
@@ -83,13 +84,26 @@ pub struct Request {
     pub max_wait: Option<Duration>,
     /// The tenant (user, team or API key) the request counts against, if any.
     pub tenant: Option<TenantId>,
+    /// The cacheable prompt prefix it starts with, if it named one (see
+    /// [`prefix_sharing`](crate::AdmissionBuilder::prefix_sharing)).
+    pub prefix: Option<Prefix>,
+    /// How soon after it arrives it must start (see [`ttft_deadline`](Request::ttft_deadline)).
+    pub ttft_deadline: Option<Duration>,
 }
 
 impl Request {
     /// A request with `prompt_tokens` of input that may generate up to `max_new_tokens`.
     #[inline]
     pub const fn new(prompt_tokens: u32, max_new_tokens: u32) -> Self {
-        Self { prompt_tokens, max_new_tokens, priority: Priority::Normal, max_wait: None, tenant: None }
+        Self {
+            prompt_tokens,
+            max_new_tokens,
+            priority: Priority::Normal,
+            max_wait: None,
+            tenant: None,
+            prefix: None,
+            ttft_deadline: None,
+        }
     }
 
     /// Sets the priority class (default [`Priority::Normal`]).
@@ -126,6 +140,60 @@ impl Request {
     #[must_use]
     pub fn tenant(mut self, tenant: impl Into<TenantId>) -> Self {
         self.tenant = Some(tenant.into());
+        self
+    }
+
+    /// Names the cacheable prefix the prompt starts with — an id (a hash of the system prompt, say) and its
+    /// length in tokens. With [`prefix_sharing`](crate::AdmissionBuilder::prefix_sharing) on, the prefix's
+    /// KV is charged once for every request holding a permit with the same prefix; without, it is ignored.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use kvgate::{Admission, Request};
+    ///
+    /// let admission = Admission::builder().kv_capacity_tokens(6_000).prefix_sharing(100).build()?;
+    /// let system = "You are the company's assistant. Answer in the user's language.";
+    /// let chat = |question: u32| Request::new(4_000 + question, 100).prefix(system, 4_000);
+    /// // The 4,000-token system prompt is charged once: ten chats fit where one would without sharing.
+    /// let permits: Vec<_> = (0..10).map(|_| admission.try_admit(&chat(10)).unwrap()).collect();
+    /// assert_eq!(admission.snapshot().kv_used, 4_000 + 10 * 110);
+    /// # Ok::<(), kvgate::ConfigError>(())
+    /// ```
+    #[inline]
+    #[must_use]
+    pub fn prefix(mut self, id: impl Into<PrefixId>, tokens: u32) -> Self {
+        self.prefix = Some(Prefix { id: id.into(), tokens });
+        self
+    }
+
+    /// Sets a deadline for the request's start — its time to first token, less the engine's own prefill
+    /// time if you know it. kvgate predicts when a request that cannot start now would start, from the
+    /// work queued ahead of it and the rate at which permits are returned; a request predicted to miss its
+    /// deadline is refused at once ([`Rejection::NoCapacity`](crate::Rejection::NoCapacity), with a
+    /// `retry_after` of how much sooner the queue must drain) instead of waiting and failing. One that
+    /// waits never waits past its deadline ([`Rejection::TimedOut`](crate::Rejection::TimedOut)), and
+    /// leaves earlier when the admission sees it can no longer start in time (on
+    /// [`expire_waiters`](crate::Admission::expire_waiters) and the deadline timer's rounds).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use kvgate::{Admission, Rejection, Request};
+    /// use std::time::Duration;
+    ///
+    /// let admission = Admission::builder().max_in_flight(1).expected_hold_time(Duration::from_secs(10)).build()?;
+    /// let _busy = admission.try_admit(&Request::new(100, 100)).unwrap();
+    /// // The only slot is held for about 10 s: a request that must start within 2 s is refused at once.
+    /// let mut impatient = admission.admit(&Request::new(100, 100).ttft_deadline(Duration::from_secs(2)));
+    /// let refused = futures::FutureExt::now_or_never(&mut impatient).unwrap();
+    /// assert!(matches!(refused, Err(Rejection::NoCapacity { .. })));
+    /// # Ok::<(), kvgate::ConfigError>(())
+    /// ```
+    #[inline]
+    #[must_use]
+    pub const fn ttft_deadline(mut self, deadline: Duration) -> Self {
+        self.ttft_deadline = Some(deadline);
         self
     }
 

@@ -11,12 +11,12 @@ use crate::sync::{AtomicU64, Ordering};
 ///   more KV than the budget, so it never has to preempt, but most requests stop long before
 ///   `max_new_tokens` and their unused reservation keeps other users waiting.
 /// - [`Reservation::Learned`] reserves `prompt + ceil(max_new_tokens × ratio)`, where `ratio` is learned
-///   from completed permits ([`Permit::complete`] reports the tokens really generated): an exponentially
+///   from completed permits ([`Permit::complete`](crate::Permit::complete) reports the tokens really generated): an exponentially
 ///   weighted mean of `output / max_new_tokens`, multiplied by `headroom` and kept within
 ///   `[floor, 1]`. More users fit on the same GPU; the price is that a request generating more than
 ///   its estimate holds KV the budget did not count, and the engine may have to preempt (vLLM and
 ///   SGLang recompute or swap a sequence out when the cache runs full). SGLang schedules with a similar
-///   decaying `new_token_ratio`. The current ratio is [`Admission::output_estimate`].
+///   decaying `new_token_ratio`. The current ratio is [`Admission::output_estimate`](crate::Admission::output_estimate).
 ///
 /// # Examples
 ///

@@ -80,6 +80,15 @@ pub struct Snapshot {
     /// [`expected_hold_time`](crate::AdmissionBuilder::expected_hold_time) until permits have been
     /// observed), used for capacity retry hints.
     pub mean_hold: Duration,
+    /// Shared prompt prefixes tracked now (0 without
+    /// [`prefix_sharing`](crate::AdmissionBuilder::prefix_sharing)).
+    pub prefixes: usize,
+    /// KV units requests did not have to reserve because their prefix was already held, since the
+    /// admission was built (what prefix sharing saved, in the KV unit: tokens or bytes).
+    pub kv_saved_by_prefixes: u64,
+    /// Requests refused, or ended while waiting, because they were predicted to miss their start deadline
+    /// ([`Request::ttft_deadline`](crate::Request::ttft_deadline)).
+    pub shed: u64,
     /// Wakers that panicked when the dispatcher woke them. The panic is contained: the waiter keeps its
     /// grant and admission goes on.
     pub waker_panics: u64,

@@ -44,6 +44,9 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
+/// The least time between two requests of one scripted worker: a network round trip (1 ms).
+const SCRIPT_MIN_GAP_NANOS: u64 = 1_000_000;
+
 /// The tenant of the scripted heavy user (employees are tenants `0..count`).
 const SCRIPT_TENANT: u64 = u64::MAX / 2;
 /// Independent random streams derived from the scenario's seed.
@@ -604,7 +607,9 @@ impl Lab<'_> {
         tally.tries_histogram[bucket] += 1;
         let next = match live.source {
             Source::Poisson => return,
-            Source::Script => self.now,
+            // A script's loop takes at least a network round trip per request, so a request refused at once
+            // (too large, say) cannot make it spin at one instant of virtual time.
+            Source::Script => self.now.saturating_add(SCRIPT_MIN_GAP_NANOS),
             Source::Employee(_) => match self.scenario.workload.arrivals {
                 Arrivals::Employees { think_time, .. } => {
                     self.now.saturating_add(dist::exponential(&mut self.work_rng, think_time.as_nanos() as f64) as u64)

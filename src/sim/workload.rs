@@ -172,7 +172,8 @@ pub enum Arrivals {
 /// A scripted heavy user: one tenant keeping `streams` requests in flight back to back.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct HeavyUser {
-    /// Parallel workers, each sending its next request as soon as the previous one ends.
+    /// Parallel workers, each sending its next request as soon as the previous one ends (at least 1 ms
+    /// later: a network round trip).
     pub streams: u32,
     /// When the script starts.
     pub start: Duration,

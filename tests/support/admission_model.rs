@@ -33,6 +33,8 @@ pub struct Config {
     pub tenant_share_pct: Option<u8>,
     pub tenant_token_rate: Option<(u64, u64)>,
     pub max_queue_wait_ms: Option<u64>,
+    /// Prefix sharing with this many entries at most.
+    pub prefix_sharing: Option<usize>,
 }
 
 impl Config {
@@ -51,6 +53,9 @@ impl Config {
         }
         if let Some(ms) = self.max_queue_wait_ms {
             b = b.max_queue_wait(Duration::from_millis(ms));
+        }
+        if let Some(n) = self.prefix_sharing {
+            b = b.prefix_sharing(n);
         }
         let mut limits = TenantLimits::new();
         if let Some(cap) = self.tenant_cap {
@@ -74,6 +79,8 @@ pub struct Req {
     pub class: usize,
     pub tenant: Option<u8>,
     pub max_wait_ms: Option<u64>,
+    /// (prefix id, prefix tokens)
+    pub prefix: Option<(u8, u32)>,
 }
 
 impl Req {
@@ -84,6 +91,9 @@ impl Req {
         }
         if let Some(ms) = self.max_wait_ms {
             r = r.max_wait(Duration::from_millis(ms));
+        }
+        if let Some((id, tokens)) = self.prefix {
+            r = r.prefix(u64::from(id), tokens);
         }
         r
     }
@@ -147,7 +157,9 @@ struct Charges {
 #[derive(Debug, Clone)]
 struct MWaiter {
     req: Req,
+    /// Its own KV units (beyond a shared prefix it refers to).
     kv: u64,
+    prefix: Option<u8>,
     deadline: u64,
     state: WState,
     charges: Charges,
@@ -157,6 +169,7 @@ struct MWaiter {
 struct MPermit {
     req: Req,
     kv: u64,
+    prefix: Option<u8>,
     charges: Charges,
     live: bool,
 }
@@ -198,9 +211,23 @@ impl MClass {
     }
 }
 
+/// A shared prefix in use.
+#[derive(Debug, Clone)]
+struct MPrefix {
+    id: u8,
+    units: u64,
+    holders: u32,
+    waiters: u32,
+}
+
+/// A request's cost around its shared prefix: (id, prefix units, suffix units).
+type Split = (u8, u64, u64);
+
 /// The sequential model.
 #[derive(Debug, Clone)]
 pub struct Model {
+    prefixes: Vec<MPrefix>,
+    saved: u64,
     cfg: Config,
     now_ms: u64,
     closed: bool,
@@ -219,6 +246,8 @@ pub struct Model {
 impl Model {
     pub fn new(cfg: &Config) -> Self {
         Model {
+            prefixes: Vec::new(),
+            saved: 0,
             now_ms: 0,
             closed: false,
             max_in_flight: cfg.max_in_flight,
@@ -235,6 +264,106 @@ impl Model {
             classes: Default::default(),
             cfg: cfg.clone(),
         }
+    }
+
+    /// A one-line summary, for debugging a failing case.
+    pub fn brief(&self) -> String {
+        format!(
+            "in_flight {} kv {} budget {} waiters {:?} prefixes {:?} rings {:?}",
+            self.in_flight,
+            self.kv_used,
+            self.budget,
+            self.waiters.iter().map(|w| (w.kv, w.prefix, w.state)).collect::<Vec<_>>(),
+            self.prefixes,
+            self.classes.iter().map(|c| c.ring.clone()).collect::<Vec<_>>()
+        )
+    }
+
+    fn split(&self, req: &Req) -> Option<Split> {
+        let (id, tokens) = req.prefix.filter(|p| self.cfg.prefix_sharing.is_some() && p.1 > 0)?;
+        let p = u64::from(tokens.min(req.prompt));
+        Some((id, p, req.total() - p))
+    }
+
+    fn entry(&mut self, id: u8) -> Option<&mut MPrefix> {
+        self.prefixes.iter_mut().find(|e| e.id == id)
+    }
+
+    /// (units to take now, shared?)
+    fn prefix_need(&self, (id, p, s): Split) -> (u64, bool) {
+        match self.prefixes.iter().find(|e| e.id == id) {
+            Some(e) if e.holders > 0 => (s, true),
+            Some(e) => (s + e.units, true),
+            None if self.prefixes.len() < self.cfg.prefix_sharing.unwrap() => (p + s, true),
+            None => (p + s, false),
+        }
+    }
+
+    /// A new holder; returns the units it saved.
+    fn prefix_hold(&mut self, (id, p, _): Split) -> u64 {
+        if self.entry(id).is_none() {
+            self.prefixes.push(MPrefix { id, units: p, holders: 0, waiters: 0 });
+        }
+        let e = self.entry(id).unwrap();
+        let saved = if e.holders > 0 { e.units } else { 0 };
+        e.holders += 1;
+        saved
+    }
+
+    /// A holder let go: the prefix units to return if it was the last.
+    fn prefix_release(&mut self, id: u8) -> u64 {
+        let e = self.entry(id).unwrap();
+        e.holders -= 1;
+        if e.holders > 0 {
+            return 0;
+        }
+        let units = e.units;
+        if e.waiters == 0 {
+            self.prefixes.retain(|e| e.id != id);
+        }
+        units
+    }
+
+    fn prefix_wait(&mut self, (id, p, _): Split) -> bool {
+        if self.entry(id).is_none() {
+            if self.prefixes.len() >= self.cfg.prefix_sharing.unwrap() {
+                return false;
+            }
+            self.prefixes.push(MPrefix { id, units: p, holders: 0, waiters: 0 });
+        }
+        self.entry(id).unwrap().waiters += 1;
+        true
+    }
+
+    fn prefix_waiter_need(&self, id: u8, own: u64) -> u64 {
+        match self.prefixes.iter().find(|e| e.id == id) {
+            Some(e) if e.holders == 0 => own + e.units,
+            _ => own,
+        }
+    }
+
+    fn prefix_stop_waiting(&mut self, id: u8, granted: bool) {
+        let e = self.entry(id).unwrap();
+        e.waiters -= 1;
+        if granted {
+            let saved = if e.holders > 0 { e.units } else { 0 };
+            e.holders += 1;
+            self.saved += saved;
+        } else if e.holders == 0 && e.waiters == 0 {
+            self.prefixes.retain(|e| e.id != id);
+        }
+    }
+
+    fn prefix_units(&self, id: u8) -> u64 {
+        self.prefixes.iter().find(|e| e.id == id).map_or(0, |e| e.units)
+    }
+
+    /// Returns what a holder holds: a slot, its own units, the prefix's if it was the last holder, its
+    /// tenant's part (unparking), then a pass.
+    fn release_held(&mut self, kv: u64, prefix: Option<u8>, tenant: Option<u8>) {
+        let units = prefix.map_or(0, |id| self.prefix_release(id));
+        self.kv_used -= units;
+        self.give(kv, tenant);
     }
 
     fn weight(key: FlowKey) -> u32 {
@@ -270,8 +399,13 @@ impl Model {
     }
 
     fn take(&mut self, kv: u64, tenant: Option<u8>) {
+        self.take_split(kv, kv, tenant);
+    }
+
+    /// Takes a slot and `need` global units, and `kv` of the tenant's.
+    fn take_split(&mut self, need: u64, kv: u64, tenant: Option<u8>) {
         self.in_flight += 1;
-        self.kv_used += kv;
+        self.kv_used += need;
         if let Some(t) = tenant {
             let tkv = self.tenant_kv(kv);
             let tenant = &mut self.tenants[usize::from(t)];
@@ -313,6 +447,8 @@ impl Model {
             while let Some(&key) = self.classes[class].ring.front() {
                 let id = *self.classes[class].flow(key).unwrap().queue.front().unwrap();
                 let kv = self.waiters[id].kv;
+                let prefix = self.waiters[id].prefix;
+                let need = prefix.map_or(kv, |p| self.prefix_waiter_need(p, kv));
                 if let Some(t) = key {
                     if !self.tenant_fits(t, self.tenant_kv(kv)) {
                         let c = &mut self.classes[class];
@@ -322,10 +458,13 @@ impl Model {
                         continue;
                     }
                 }
-                if !self.global_fits(kv) {
+                if !self.global_fits(need) {
                     return;
                 }
-                self.take(kv, key);
+                self.take_split(need, kv, key);
+                if let Some(p) = prefix {
+                    self.prefix_stop_waiting(p, true);
+                }
                 self.waiters[id].state = WState::Granted;
                 let c = &mut self.classes[class];
                 c.flow(key).unwrap().queue.pop_front();
@@ -347,6 +486,9 @@ impl Model {
 
     /// Takes `id` out of its flow (it stops waiting).
     fn leave(&mut self, id: usize, to: WState) {
+        if let Some(p) = self.waiters[id].prefix {
+            self.prefix_stop_waiting(p, false);
+        }
         let req = self.waiters[id].req;
         let class = &mut self.classes[req.class % 3];
         let flow = class.flow(req.tenant).unwrap();
@@ -424,8 +566,8 @@ impl Model {
         Ok(total)
     }
 
-    fn grant(&mut self, req: Req, kv: u64, charges: Charges) -> usize {
-        self.permits.push(MPermit { req, kv, charges, live: true });
+    fn grant(&mut self, req: Req, kv: u64, prefix: Option<u8>, charges: Charges) -> usize {
+        self.permits.push(MPermit { req, kv, prefix, charges, live: true });
         self.permits.len() - 1
     }
 
@@ -433,11 +575,19 @@ impl Model {
     fn decide(&mut self, req: Req, may_wait: bool) -> Result<usize, Result<usize, &'static str>> {
         let kv = self.validate(&req).map_err(Err)?;
         let class = req.class % 3;
-        if self.held_back(class) || !self.global_fits(kv) {
-            return if may_wait { self.queue(req, kv, "no_capacity") } else { Err(Err("no_capacity")) };
+        let split = self.split(&req);
+        let (need, shared) = split.map_or((kv, false), |sp| self.prefix_need(sp));
+        if self.held_back(class) || !self.global_fits(need) {
+            return if may_wait { self.queue(req, kv, split, "no_capacity") } else { Err(Err("no_capacity")) };
         }
+        // What the request holds itself: its suffix when it shares the prefix, else everything.
+        let own = match split {
+            Some((_, _, suffix)) if shared => suffix,
+            _ => kv,
+        };
+        let prefix = split.filter(|_| shared).map(|(id, _, _)| id);
         if let Some(t) = req.tenant {
-            if self.tenant_parked_at_or_above(t, class) || !self.tenant_fits(t, self.tenant_kv(kv)) {
+            if self.tenant_parked_at_or_above(t, class) || !self.tenant_fits(t, self.tenant_kv(own)) {
                 let cap_ok = self.cfg.tenant_cap.is_none_or(|cap| self.tenants[usize::from(t)].in_flight < cap);
                 if !self.tenant_parked_at_or_above(t, class) && cap_ok {
                     // The real admission took the tenant's slot, found its KV share short and gave the slot
@@ -445,28 +595,46 @@ impl Model {
                     self.unpark(t);
                     self.pass();
                 }
-                return if may_wait { self.queue(req, kv, "rate_limited") } else { Err(Err("rate_limited")) };
+                if let Some(sp) = split.filter(|_| shared) {
+                    // The real admission held the prefix, then gave it back.
+                    self.take_split(need, 0, None);
+                    self.prefix_hold(sp);
+                    self.release_held(own, prefix, None);
+                }
+                return if may_wait { self.queue(req, kv, split, "rate_limited") } else { Err(Err("rate_limited")) };
             }
         }
         match self.charge(&req) {
             Ok(charges) => {
-                self.take(kv, req.tenant);
+                self.take_split(need, own, req.tenant);
+                if let Some(sp) = split.filter(|_| shared) {
+                    self.saved += self.prefix_hold(sp);
+                }
                 // The tenant has less room: its heads that no longer fit are parked (a pass changes
                 // nothing when it has no waiters).
                 self.pass();
-                Ok(self.grant(req, kv, charges))
+                Ok(self.grant(req, own, prefix, charges))
             }
             Err(reason) => {
                 // The real admission took capacity before the rates and gives it back now (possibly
                 // unparking its tenant's parked flows).
-                self.take(kv, req.tenant);
-                self.give(kv, req.tenant);
+                self.take_split(need, own, req.tenant);
+                if let Some(sp) = split.filter(|_| shared) {
+                    self.prefix_hold(sp);
+                }
+                self.release_held(own, prefix, req.tenant);
                 Err(Err(reason))
             }
         }
     }
 
-    fn queue(&mut self, req: Req, kv: u64, held_by: &'static str) -> Result<usize, Result<usize, &'static str>> {
+    fn queue(
+        &mut self,
+        req: Req,
+        kv: u64,
+        split: Option<Split>,
+        held_by: &'static str,
+    ) -> Result<usize, Result<usize, &'static str>> {
         if self.cfg.queue_capacity == 0 {
             return Err(Err(held_by));
         }
@@ -491,7 +659,11 @@ impl Model {
             self.refund(charges, req.tenant);
             return Err(Err(reason));
         }
-        self.waiters.push(MWaiter { req, kv, deadline, state: WState::Waiting, charges });
+        let (own, prefix) = match split {
+            Some(sp) if self.prefix_wait(sp) => (sp.2, Some(sp.0)),
+            _ => (kv, None),
+        };
+        self.waiters.push(MWaiter { req, kv: own, prefix, deadline, state: WState::Waiting, charges });
         let id = self.waiters.len() - 1;
         let c = &mut self.classes[class];
         match c.flow(req.tenant) {
@@ -504,7 +676,7 @@ impl Model {
         self.pass();
         if self.waiters[id].state == WState::Granted {
             self.waiters[id].state = WState::Gone;
-            return Ok(self.grant(req, kv, charges));
+            return Ok(self.grant(req, own, prefix, charges));
         }
         Err(Ok(id))
     }
@@ -526,7 +698,7 @@ impl Model {
             WState::Granted => {
                 self.waiters[id].state = WState::Gone;
                 let w = self.waiters[id].clone();
-                Some(Ok(self.grant(w.req, w.kv, w.charges)))
+                Some(Ok(self.grant(w.req, w.kv, w.prefix, w.charges)))
             }
             WState::Ended(reason) => {
                 self.waiters[id].state = WState::Gone;
@@ -547,7 +719,7 @@ impl Model {
             }
             WState::Granted => {
                 self.waiters[id].state = WState::Gone;
-                self.give(w.kv, w.req.tenant);
+                self.release_held(w.kv, w.prefix, w.req.tenant);
             }
             _ => self.waiters[id].state = WState::Gone,
         }
@@ -557,7 +729,7 @@ impl Model {
     fn drop_permit(&mut self, pid: usize) {
         let p = self.permits[pid].clone();
         self.permits[pid].live = false;
-        self.give(p.kv, p.req.tenant);
+        self.release_held(p.kv, p.prefix, p.req.tenant);
     }
 
     fn complete(&mut self, pid: usize, output: u32) {
@@ -600,8 +772,10 @@ impl Model {
         let too_large: Vec<usize> = (0..self.waiters.len())
             .filter(|&i| {
                 let w = &self.waiters[i];
+                // The most it may need: its own units and the prefix's if nobody holds it then.
+                let worst = w.kv + w.prefix.map_or(0, |p| self.prefix_units(p));
                 w.state == WState::Waiting
-                    && (w.kv > n || (w.req.tenant.is_some() && share.is_some_and(|limit| w.kv > limit)))
+                    && (worst > n || (w.req.tenant.is_some() && share.is_some_and(|limit| worst > limit)))
             })
             .collect();
         for id in too_large {
@@ -748,6 +922,13 @@ impl Harness {
                     m.queued_in(class)
                 ));
             }
+        }
+        if (s.prefixes, s.kv_saved_by_prefixes) != (m.prefixes.len(), m.saved) {
+            return Err(format!(
+                "(prefixes, kv_saved_by_prefixes): real {:?}, model {:?}",
+                (s.prefixes, s.kv_saved_by_prefixes),
+                (m.prefixes.len(), m.saved)
+            ));
         }
         let global = self.admission.rate_status(None);
         let level = |b: Option<kvgate::RateStatus>| b.map(|b| b.remaining);

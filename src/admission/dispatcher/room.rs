@@ -29,11 +29,12 @@ use super::timer::Deadlines;
 use super::waiter::{Notify, Slab, WaitState, Waiter, WaiterKey};
 use super::wake_list::WakeList;
 use crate::Priority;
-use crate::admission::capacity::{Capacity, Credit, Limit as KvLimit};
-use crate::admission::stats::{Stats, capacity_hint};
+use crate::admission::capacity::{Capacity, Credit, Limit as KvLimit, Shortage};
+use crate::admission::prefix::{PrefixId, PrefixTable, Sharing, Split};
+use crate::admission::stats::{Load, Stats, capacity_hint};
 use crate::admission::tenant::{FlowKey, TenantHandle};
 use crate::admission::{Limit, Rejection};
-use crate::sync::{self, AtomicUsize, Mutex, MutexGuard, Ordering};
+use crate::sync::{self, AtomicU64, AtomicUsize, Mutex, MutexGuard, Ordering};
 use std::sync::Arc;
 use std::task::Waker;
 
@@ -49,7 +50,15 @@ pub(crate) struct Resources<'a> {
 #[derive(Debug)]
 pub(crate) struct NewWaiter {
     pub(crate) class: usize,
+    /// KV units it reserves (its whole cost; with a shared prefix, see `split`).
     pub(crate) kv: u64,
+    /// Its cost around a shared prefix, when prefix sharing is on and it named one.
+    pub(crate) split: Option<Split>,
+    /// Its weighted token cost for token fairness (0 with request fairness).
+    pub(crate) cost: u64,
+    /// Its deadline is a start deadline (`Request::ttft_deadline`): it may leave early once it cannot
+    /// start in time.
+    pub(crate) start_deadline: bool,
     pub(crate) deadline: u64,
     pub(crate) tenant: Option<Arc<dyn TenantHandle>>,
     pub(crate) notify: Notify,
@@ -60,9 +69,18 @@ pub(crate) struct NewWaiter {
 pub(crate) enum Enqueued {
     /// Queued; its owner polls with this key. `earliest_deadline` says the deadline it registered is
     /// now the earliest (the caller wakes the timer thread).
-    Waiting { key: WaiterKey, deadline_added: Option<bool> },
+    Waiting { key: WaiterKey, deadline_added: Option<bool>, held: Held },
     /// Granted by the enqueue's own pass: capacity is reserved, the entry is gone.
-    Granted,
+    Granted(Held),
+}
+
+/// What a granted request holds itself: its own KV units, and the shared prefix it holds a share of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Held {
+    pub(crate) kv: u64,
+    pub(crate) prefix: Option<PrefixId>,
+    /// KV units it did not have to take because its prefix was held already (counted once it is granted).
+    pub(crate) saved: u64,
 }
 
 /// How a wait ended.
@@ -75,11 +93,14 @@ pub(crate) enum Outcome {
 #[derive(Debug)]
 struct Room {
     waiters: Slab,
+    prefixes: PrefixTable,
     classes: [FairQueue; Priority::COUNT],
     /// Mirror of the global capacity's `HELD_BACK` bits (written only under this lock), so that the hot
     /// capacity word is written only when a bit really changes.
     held_back: [bool; Priority::COUNT],
     deadlines: Deadlines,
+    /// Waiters with a start deadline (the early-leave scan runs only when there are some).
+    start_deadlines: usize,
     closed: bool,
 }
 
@@ -89,20 +110,25 @@ pub(crate) struct Dispatcher {
     room: Mutex<Room>,
     /// `queued[c]` mirrored for lock-free reads (snapshots, hints).
     queued: [AtomicUsize; Priority::COUNT],
+    /// KV units the waiters of each class need (for start predictions).
+    queued_kv: [AtomicU64; Priority::COUNT],
     queue_capacity: usize,
 }
 
 impl Dispatcher {
-    pub(crate) fn new(queue_capacity: usize) -> Self {
+    pub(crate) fn new(queue_capacity: usize, max_prefixes: usize, token_fairness: bool) -> Self {
         Self {
             room: Mutex::new(Room {
                 waiters: Slab::default(),
-                classes: std::array::from_fn(|_| FairQueue::default()),
+                prefixes: PrefixTable::new(max_prefixes),
+                classes: std::array::from_fn(|_| FairQueue::new(token_fairness)),
                 held_back: [false; Priority::COUNT],
                 deadlines: Deadlines::default(),
+                start_deadlines: 0,
                 closed: false,
             }),
             queued: std::array::from_fn(|_| AtomicUsize::new(0)),
+            queued_kv: std::array::from_fn(|_| AtomicU64::new(0)),
             queue_capacity,
         }
     }
@@ -119,6 +145,11 @@ impl Dispatcher {
     /// Waiters of `class` and every higher class: those a new request of `class` queues behind.
     pub(crate) fn queued_at_or_above(&self, class: usize) -> usize {
         (class..Priority::COUNT).map(|c| self.queued_in(c)).sum()
+    }
+
+    /// KV units the waiters of `class` and every higher class need.
+    pub(crate) fn queued_kv_at_or_above(&self, class: usize) -> u64 {
+        (class..Priority::COUNT).map(|c| self.queued_kv[c].load(Ordering::Relaxed)).sum()
     }
 
     /// Waiters of every class.
@@ -143,14 +174,24 @@ impl Dispatcher {
             return Err(Rejection::QueueFull { retry_after: hint });
         }
         fits(res, new.kv, new.tenant.as_deref())?;
-        let key = room.waiters.insert(Waiter::new(class, new.kv, new.deadline, new.notify));
+        let held = match new.split.map(|split| (room.prefixes.wait(&split), split)) {
+            Some((Sharing::Shared(id), split)) => Held { kv: split.suffix, prefix: Some(id), saved: 0 },
+            Some((Sharing::Alone, split)) => Held { kv: split.whole(), prefix: None, saved: 0 },
+            None => Held { kv: new.kv, prefix: None, saved: 0 },
+        };
+        let mut waiter = Waiter::new(class, held.kv, new.deadline, new.notify);
+        waiter.prefix = held.prefix;
+        waiter.cost = new.cost;
+        waiter.start_deadline = new.start_deadline;
+        room.start_deadlines += usize::from(new.start_deadline);
+        let key = room.waiters.insert(waiter);
         let flow_key = new.tenant.as_ref().map_or(FlowKey::Anonymous, |t| t.core().flow);
         let Room { waiters, classes, .. } = &mut *room;
         if classes[class].push(waiters, key.index(), flow_key, new.tenant.as_ref()) {
             // Invariant 1: the bit before any attempt to grant.
             room.hold_back(res, class);
         }
-        self.count(class, new.tenant.as_deref(), 1);
+        self.count(class, new.tenant.as_deref(), 1, held.kv);
         let deadline_added = (new.deadline != u64::MAX).then(|| room.deadlines.push(new.deadline, key));
         if deadline_added.is_some() {
             let Room { waiters, deadlines, .. } = &mut *room;
@@ -160,7 +201,7 @@ impl Dispatcher {
         let granted = key.granted();
         drop(room);
         self.wake(res, &mut wakes);
-        Ok(if granted { Enqueued::Granted } else { Enqueued::Waiting { key, deadline_added } })
+        Ok(if granted { Enqueued::Granted(held) } else { Enqueued::Waiting { key, deadline_added, held } })
     }
 
     /// Looks at a waiter for its owner: `None` while it waits (after registering `waker`), or how its
@@ -203,7 +244,7 @@ impl Dispatcher {
         &self,
         res: Resources<'_>,
         key: WaiterKey,
-        kv: u64,
+        held: Held,
         tenant: Option<&Arc<dyn TenantHandle>>,
     ) -> bool {
         let mut wakes = WakeList::new();
@@ -211,8 +252,11 @@ impl Dispatcher {
         let granted = key.granted();
         let mut credit = Credit::default();
         if granted {
-            // Granted but never collected: the reservation is handed to the next waiters.
-            credit = Credit { slots: 1, kv };
+            // Granted but never collected: the reservation (and its share of a prefix, if it was the last
+            // holder) is handed to the next waiters.
+            let prefix = held.prefix.map_or(0, |id| room.prefixes.release(id));
+            credit = Credit { slots: 1, kv: held.kv + prefix };
+            let kv = held.kv;
             if let Some(tenant) = tenant {
                 let core = tenant.core();
                 if core.capacity.release(core.kv_units(kv)) {
@@ -235,6 +279,60 @@ impl Dispatcher {
         drop(room);
         self.wake(res, &mut wakes);
         granted
+    }
+
+    /// Takes capacity for a new request of `class` whose cost is split around a shared prefix: its suffix,
+    /// plus the prefix when nobody holds it (or its whole cost when the table is full). Under the lock,
+    /// where the prefix table lives.
+    pub(crate) fn take_shared(&self, res: Resources<'_>, split: &Split, class: usize) -> Result<Held, Shortage> {
+        let mut wakes = WakeList::new();
+        let mut room = sync::lock(&self.room);
+        let (need, sharing) = room.prefixes.need(split);
+        let taken = res.capacity.try_take(need, res.kv_limit.get(), class);
+        let result = match taken {
+            Ok(()) => Ok(match sharing {
+                Sharing::Shared(id) => {
+                    let saved = room.prefixes.hold(split);
+                    Held { kv: split.suffix, prefix: Some(id), saved }
+                }
+                Sharing::Alone => Held { kv: split.whole(), prefix: None, saved: 0 },
+            }),
+            Err(refused) => {
+                if refused.dispatch {
+                    room = self.run_passes(res, room, &mut wakes);
+                }
+                Err(refused.shortage)
+            }
+        };
+        drop(room);
+        self.wake(res, &mut wakes);
+        result
+    }
+
+    /// Returns what a request holding a share of `prefix` holds (one slot, `kv` own units, and the prefix's
+    /// units if it was the last holder), handing it to waiters; `unpark` is its tenant when that tenant had
+    /// parked waiters.
+    pub(crate) fn release_shared(
+        &self,
+        res: Resources<'_>,
+        kv: u64,
+        prefix: PrefixId,
+        unpark: Option<&dyn TenantHandle>,
+    ) {
+        let mut wakes = WakeList::new();
+        let mut room = sync::lock(&self.room);
+        if let Some(tenant) = unpark {
+            room.unpark(res, tenant);
+        }
+        let units = room.prefixes.release(prefix);
+        room = self.run_passes_with(res, room, &mut wakes, Credit { slots: 1, kv: kv + units });
+        drop(room);
+        self.wake(res, &mut wakes);
+    }
+
+    /// Prefixes tracked now.
+    pub(crate) fn prefixes(&self) -> usize {
+        sync::lock(&self.room).prefixes.len()
     }
 
     /// Runs a pass after capacity was returned and a `HELD_BACK` bit was seen; `unpark` is a tenant that
@@ -292,7 +390,8 @@ impl Dispatcher {
             if waiter.state != WaitState::Waiting {
                 continue;
             }
-            let (class, flow, kv) = (waiter.class, waiter.flow, waiter.kv);
+            let (class, flow) = (waiter.class, waiter.flow);
+            let kv = waiter.kv + waiter.prefix.map_or(0, |id| room.prefixes.units(id));
             let tenant = room.classes[class].tenant(flow).cloned();
             if let Err(Rejection::TooLarge { limit, capacity, .. }) = fits(res, kv, tenant.as_deref()) {
                 if let Some(wake) = room.leave(res, self, key.index(), WaitState::TooLarge { limit, capacity }) {
@@ -323,6 +422,31 @@ impl Dispatcher {
                 }
                 ended += 1;
             }
+        }
+        // Waiters with a start deadline that can no longer be met leave now rather than at it: not even
+        // with nobody ahead would capacity for them come free in time.
+        let load = res.load(0, 0);
+        let keys = if room.start_deadlines == 0 { Vec::new() } else { room.waiters.waiting_keys() };
+        for key in keys {
+            let Some(waiter) = room.waiters.lookup(key) else { continue };
+            if !waiter.start_deadline
+                || now.saturating_add(duration_nanos(load.predicted_wait(waiter.kv))) <= waiter.deadline
+            {
+                continue;
+            }
+            if wakes.is_full() {
+                drop(room);
+                self.wake(res, &mut wakes);
+                room = sync::lock(&self.room);
+                if room.waiters.lookup(key).is_none_or(|w| w.state != WaitState::Waiting) {
+                    continue;
+                }
+            }
+            if let Some(wake) = room.leave(res, self, key.index(), WaitState::TimedOut) {
+                wakes.push(wake);
+            }
+            res.stats.count_shed(1);
+            ended += 1;
         }
         if ended != 0 {
             room = self.run_passes(res, room, &mut wakes);
@@ -375,15 +499,36 @@ impl Dispatcher {
         }
     }
 
-    /// Counts waiters of `class` in or out (under the lock).
-    fn count(&self, class: usize, tenant: Option<&dyn TenantHandle>, delta: i64) {
+    /// Counts a waiter of `class` needing `kv` units in or out (under the lock).
+    fn count(&self, class: usize, tenant: Option<&dyn TenantHandle>, delta: i64, kv: u64) {
         if delta > 0 {
             self.queued[class].fetch_add(1, Ordering::Relaxed);
+            self.queued_kv[class].fetch_add(kv, Ordering::Relaxed);
         } else {
             self.queued[class].fetch_sub(1, Ordering::Relaxed);
+            self.queued_kv[class].fetch_sub(kv, Ordering::Relaxed);
         }
         if let Some(tenant) = tenant {
             tenant.core().add_queued(delta);
+        }
+    }
+}
+
+fn duration_nanos(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+impl Resources<'_> {
+    /// The load a start prediction reads, with `ahead` waiters needing `ahead_kv` units before it.
+    pub(crate) fn load(&self, ahead: u64, ahead_kv: u64) -> Load {
+        Load {
+            mean_hold: self.stats.hold.mean(),
+            slots_used: self.capacity.slots_used(),
+            slot_limit: self.capacity.slot_limit(),
+            kv_used: self.capacity.kv_used(),
+            kv_limit: self.kv_limit.get(),
+            ahead,
+            ahead_kv,
         }
     }
 }
@@ -433,6 +578,9 @@ impl Room {
             debug_assert_eq!(w.state, WaitState::Waiting);
             (w.class, w.flow)
         };
+        if let Some(id) = self.waiters.get(index).prefix {
+            self.prefixes.stop_waiting(id, false);
+        }
         let tenant = self.classes[class].tenant(flow).cloned();
         let left = self.classes[class].remove(&mut self.waiters, index);
         if left.emptied && left.was_parked {
@@ -440,7 +588,8 @@ impl Room {
                 tenant.core().capacity.clear_held_back(class);
             }
         }
-        d.count(class, tenant.as_deref(), -1);
+        d.count(class, tenant.as_deref(), -1, self.waiters.get(index).kv);
+        self.start_deadlines -= usize::from(self.waiters.get(index).start_deadline);
         if self.classes[class].ring_is_empty() {
             self.clear_held_back(res, class);
         }
@@ -483,7 +632,12 @@ impl Room {
                 if wakes.is_full() {
                     return true;
                 }
-                let kv = self.waiters.get(index).kv;
+                let (kv, prefix, cost) = {
+                    let waiter = self.waiters.get(index);
+                    (waiter.kv, waiter.prefix, waiter.cost)
+                };
+                // Its own units, plus the prefix's when nobody holds the prefix now.
+                let need = prefix.map_or(kv, |id| self.prefixes.waiter_need(id, kv));
                 let tenant = self.classes[class].tenant(flow);
                 if let Some(core) = tenant.map(|t| t.core()) {
                     let (tenant_kv, tenant_limit) = (core.kv_units(kv), core.kv_limit(budget));
@@ -492,13 +646,13 @@ impl Room {
                         // the bit did not see the bit, but its room is visible now.
                         core.capacity.hold_back(class);
                         if core.capacity.try_take_for_waiter(tenant_kv, tenant_limit).is_err() {
-                            self.classes[class].park_front();
+                            self.classes[class].park(flow);
                             continue;
                         }
                         core.capacity.clear_held_back(class);
                     }
                 }
-                if res.capacity.try_take_for_waiter_with(kv, budget, credit).is_err() {
+                if res.capacity.try_take_for_waiter_with(need, budget, credit).is_err() {
                     if let Some(core) = self.classes[class].tenant(flow).map(|t| t.core()) {
                         // Taken and given back under the lock: no parking decision saw the difference,
                         // so the tenant's parked flows (if any) stay parked.
@@ -507,9 +661,13 @@ impl Room {
                     // Global capacity is short (or closed): nobody passes this head.
                     return false;
                 }
-                d.count(class, self.classes[class].tenant(flow).map(|t| t.as_ref()), -1);
+                d.count(class, self.classes[class].tenant(flow).map(|t| t.as_ref()), -1, kv);
+                self.start_deadlines -= usize::from(self.waiters.get(index).start_deadline);
+                if let Some(id) = prefix {
+                    res.stats.count_prefix_saved(self.prefixes.stop_waiting(id, true));
+                }
+                self.classes[class].count_grant(flow, cost);
                 self.classes[class].remove(&mut self.waiters, index);
-                self.classes[class].count_grant(flow);
                 // The capacity is the waiter's now: it leaves the slab, and its owner sees the grant by the
                 // slot's generation.
                 let mut waiter = self.waiters.remove(index);

@@ -104,8 +104,14 @@ pub(crate) struct Waiter {
     pub(crate) state: WaitState,
     /// Priority class index.
     pub(crate) class: usize,
-    /// KV units it reserves once granted.
+    /// KV units it reserves once granted (its own: beyond a shared prefix it refers to).
     pub(crate) kv: u64,
+    /// The shared prefix whose table entry it refers to.
+    pub(crate) prefix: Option<crate::admission::prefix::PrefixId>,
+    /// Its weighted token cost (token fairness).
+    pub(crate) cost: u64,
+    /// Its deadline is a start deadline: it leaves early once it cannot start in time.
+    pub(crate) start_deadline: bool,
     /// Its flow in its class's fair queue.
     pub(crate) flow: u32,
     /// Neighbours in its flow's queue (older, newer).
@@ -118,7 +124,19 @@ pub(crate) struct Waiter {
 
 impl Waiter {
     pub(crate) fn new(class: usize, kv: u64, deadline: u64, notify: Notify) -> Self {
-        Self { state: WaitState::Waiting, class, kv, flow: 0, prev: None, next: None, deadline, notify }
+        Self {
+            state: WaitState::Waiting,
+            class,
+            kv,
+            prefix: None,
+            cost: 0,
+            start_deadline: false,
+            flow: 0,
+            prev: None,
+            next: None,
+            deadline,
+            notify,
+        }
     }
 }
 
@@ -215,7 +233,6 @@ impl fmt::Debug for Slab {
         f.debug_struct("Slab").field("chunks", &self.chunks.len()).field("used", &self.used).finish()
     }
 }
-
 
 impl Slab {
     fn slot(&self, index: u32) -> &Slot {

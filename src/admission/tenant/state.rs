@@ -25,6 +25,9 @@ pub(crate) struct TenantCore {
     pub(crate) hold: HoldTime,
     /// Waiters of this tenant, all classes (written under the waiting room's lock).
     queued: AtomicU64,
+    /// Virtual token counter for token fairness (advanced under the waiting room's lock, refunded by
+    /// completions).
+    virtual_tokens: AtomicU64,
 }
 
 impl TenantCore {
@@ -63,6 +66,27 @@ impl TenantCore {
         } else {
             self.queued.fetch_sub(delta.unsigned_abs(), Ordering::Relaxed);
         }
+    }
+
+    /// The tenant's virtual token counter.
+    pub(crate) fn virtual_tokens(&self) -> u64 {
+        self.virtual_tokens.load(Ordering::Relaxed)
+    }
+
+    /// Sets the counter (the waiting room, under its lock).
+    pub(crate) fn set_virtual_tokens(&self, counter: u64) {
+        self.virtual_tokens.store(counter, Ordering::Relaxed);
+    }
+
+    /// Charges `units` of scaled cost to the counter (a grant without waiting).
+    pub(crate) fn charge_virtual_tokens(&self, units: u64) {
+        self.virtual_tokens.fetch_add(units, Ordering::Relaxed);
+    }
+
+    /// Takes back `units` of scaled cost (output a completion did not produce), never below zero.
+    pub(crate) fn refund_virtual_tokens(&self, units: u64) {
+        let _ =
+            self.virtual_tokens.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| Some(c.saturating_sub(units)));
     }
 
     /// Whether some of the tenant's requests wait.
@@ -116,6 +140,7 @@ impl<C: Clock> TenantState<C> {
                 kv_share: limits.kv_share.map(Share::new),
                 hold: HoldTime::new(expected_hold),
                 queued: AtomicU64::new(0),
+                virtual_tokens: AtomicU64::new(0),
             },
             last_used: AtomicU64::new(clock.now_nanos()),
             rates: Rates::new(

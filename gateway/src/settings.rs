@@ -1,0 +1,425 @@
+//! The gateway's settings: command-line flags (`clap`), an optional TOML file (`--config`) with the same
+//! settings and the tenants, and the [`Config`] they make. A flag overrides the file, the file overrides
+//! the default.
+//!
+//! Every value is checked when the configuration is built: a duration that does not fit
+//! (`--max-queue-wait 1e300s`), a zero limit or an unknown preset is a [`ConfigError`] that names the
+//! setting, never a panic.
+
+use crate::config::{BackendConfig, Config, ConfigError};
+use crate::tenants::{TenantConfig, TenantLimitsConfig};
+use crate::units::parse_duration;
+use clap::Parser;
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// The longest duration any setting accepts (a day): longer ones are mistakes, and some would not fit
+/// the timers.
+const MAX_DURATION: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// The settings, as flags and as keys of the TOML file (the same names, `--max-in-flight` and
+/// `max_in_flight`). Every one is optional: what neither gives comes from [`Config::default`].
+#[derive(Debug, Clone, Default, Parser, Deserialize)]
+#[command(
+    name = "kvgate-gateway",
+    version,
+    about = "An OpenAI-compatible admission gateway in front of one inference server",
+    after_help = "Durations: 500ms, 2s, 1.5s, 1m (a bare number is milliseconds), at most 1 day.\n\
+                  See gateway/README.md for the config file, the metrics and real servers."
+)]
+#[serde(default, deny_unknown_fields)]
+pub struct Settings {
+    /// A TOML file with any of these settings (without the dashes: max_in_flight = 32) and the tenants.
+    #[arg(long, value_name = "FILE")]
+    #[serde(skip)]
+    pub config: Option<PathBuf>,
+    /// Address to listen on [default: 127.0.0.1:8080].
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<SocketAddr>,
+    /// Proxy to an OpenAI-compatible server over plain http (http://localhost:8000 for vLLM,
+    /// http://localhost:8080 for llama-server, http://localhost:11434/v1 for Ollama); without it a
+    /// simulated engine answers.
+    #[arg(long, value_name = "URL")]
+    pub upstream: Option<String>,
+    /// API key sent to the upstream as a bearer token.
+    #[arg(long, value_name = "KEY", env = "KVGATE_UPSTREAM_API_KEY", hide_env_values = true)]
+    pub upstream_api_key: Option<String>,
+    /// Longest wait for the upstream's response headers, then between two pieces of its body: past it
+    /// the client gets a 504 (mid-stream: an SSE error event) [default: 120s].
+    #[arg(long, value_name = "DURATION")]
+    pub upstream_timeout: Option<String>,
+    /// Simulated engine: tokens per second of one sequence alone [default: 50].
+    #[arg(long, value_name = "N")]
+    pub sim_tokens_per_sec: Option<f64>,
+    /// Sequences running at once [default: 32].
+    #[arg(long, value_name = "N")]
+    pub max_in_flight: Option<usize>,
+    /// Waiting room per priority class; 0: never wait [default: 256].
+    #[arg(long, value_name = "N")]
+    pub queue: Option<usize>,
+    /// Longest wait in the queue [default: 30s].
+    #[arg(long, value_name = "DURATION")]
+    pub max_queue_wait: Option<String>,
+    /// Requests per second (burst: --rate-burst, default max(1, R)).
+    #[arg(long, value_name = "R")]
+    pub rate: Option<f64>,
+    /// Request-rate burst.
+    #[arg(long, value_name = "N")]
+    pub rate_burst: Option<u32>,
+    /// Prompt + max_tokens per second (burst: --token-burst, default 10 x R).
+    #[arg(long, value_name = "R")]
+    pub token_rate: Option<f64>,
+    /// Token-rate burst.
+    #[arg(long, value_name = "N")]
+    pub token_burst: Option<u64>,
+    /// KV-cache budget in tokens (prompt + max_tokens of every running request).
+    #[arg(long, value_name = "N")]
+    pub kv_tokens: Option<u64>,
+    /// Model preset for a KV-byte budget (with --gpu); also the served model name.
+    #[arg(long, value_name = "NAME")]
+    pub model: Option<String>,
+    /// A Hugging Face config.json for a KV-byte budget (with --gpu; give --weight-gb unless the model
+    /// has a known parameter count).
+    #[arg(long, value_name = "PATH")]
+    pub model_config: Option<PathBuf>,
+    /// GPU preset (h100-80, a100-80, l4, ...): KV pool = memory x 0.9 - weights.
+    #[arg(long, value_name = "NAME")]
+    pub gpu: Option<String>,
+    /// Weight size in GB when the model's parameter count is unknown.
+    #[arg(long, value_name = "GB")]
+    pub weight_gb: Option<f64>,
+    /// Output reservation when a request gives no max_tokens; written into the forwarded body
+    /// [default: 512].
+    #[arg(long, value_name = "N")]
+    pub default_max_tokens: Option<u32>,
+    /// Largest max_tokens a request may ask for; above it, 413 [default: 131072].
+    #[arg(long, value_name = "N")]
+    pub max_output_tokens: Option<u32>,
+    /// Largest request body in bytes [default: 4194304].
+    #[arg(long, value_name = "BYTES")]
+    pub max_body_bytes: Option<usize>,
+    /// Request-body bytes held at once (waiting or being forwarded); past it, 503 [default: 268435456].
+    #[arg(long, value_name = "BYTES")]
+    pub max_buffered_bytes: Option<usize>,
+    /// Longest time to receive a request's headers, and longest keep-alive idle time; then 408 and
+    /// close [default: 10s].
+    #[arg(long, value_name = "DURATION")]
+    pub header_timeout: Option<String>,
+    /// Longest time to receive a request's body; then 408 [default: 30s].
+    #[arg(long, value_name = "DURATION")]
+    pub body_timeout: Option<String>,
+    /// Longest time a write to a client may stay blocked (the client stopped reading); then the
+    /// connection is closed and the permit returned [default: 30s].
+    #[arg(long, value_name = "DURATION")]
+    pub send_timeout: Option<String>,
+    /// Connections served at once; more wait in the listen backlog [default: 1024].
+    #[arg(long, value_name = "N")]
+    pub max_connections: Option<usize>,
+    /// On SIGINT/SIGTERM, how long running answers may take to finish [default: 30s].
+    #[arg(long, value_name = "DURATION")]
+    pub shutdown_grace: Option<String>,
+    /// Answer every retryable rejection with 429 (for clients that retry only on 429).
+    #[arg(long)]
+    pub all_429: bool,
+    /// Limits of every tenant without its own (file only: `[tenant_defaults]`).
+    #[arg(skip)]
+    pub tenant_defaults: Option<TenantLimitsConfig>,
+    /// Named tenants with their API keys (file only: `[[tenants]]`).
+    #[arg(skip)]
+    pub tenants: Vec<TenantConfig>,
+}
+
+impl Settings {
+    /// Reads the TOML file at `path`.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::File`] when it cannot be read or is not valid TOML with known keys.
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let file_error = |reason: String| ConfigError::File { path: path.to_owned(), reason };
+        let text = std::fs::read_to_string(path).map_err(|e| file_error(e.to_string()))?;
+        toml::from_str(&text).map_err(|e| file_error(e.to_string()))
+    }
+
+    /// These settings, each missing one taken from `file`.
+    pub fn or(self, file: Settings) -> Settings {
+        macro_rules! merge {
+            ($($field:ident),*) => { Settings { $($field: self.$field.or(file.$field),)* config: self.config, all_429: self.all_429 || file.all_429, tenants: if self.tenants.is_empty() { file.tenants } else { self.tenants } } };
+        }
+        merge!(
+            listen,
+            upstream,
+            upstream_api_key,
+            upstream_timeout,
+            sim_tokens_per_sec,
+            max_in_flight,
+            queue,
+            max_queue_wait,
+            rate,
+            rate_burst,
+            token_rate,
+            token_burst,
+            kv_tokens,
+            model,
+            model_config,
+            gpu,
+            weight_gb,
+            default_max_tokens,
+            max_output_tokens,
+            max_body_bytes,
+            max_buffered_bytes,
+            header_timeout,
+            body_timeout,
+            send_timeout,
+            max_connections,
+            shutdown_grace,
+            tenant_defaults
+        )
+    }
+
+    /// The configuration: these settings over [`Config::default`], every value checked.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::Invalid`] naming the setting for a value out of range (durations over a day or
+    /// not numbers, zero limits, rates that are not positive), [`ConfigError::Conflict`] for settings
+    /// that contradict each other.
+    pub fn into_config(self) -> Result<Config, ConfigError> {
+        let mut config = Config::default();
+        let invalid = |setting: &'static str, value: &dyn std::fmt::Display, reason: &str| ConfigError::Invalid {
+            setting,
+            value: value.to_string(),
+            reason: reason.to_owned(),
+        };
+        let duration = |setting: &'static str, value: Option<String>, default: Duration, zero_ok: bool| {
+            let Some(value) = value else { return Ok(default) };
+            match parse_duration(&value, MAX_DURATION) {
+                Ok(d) if d.is_zero() && !zero_ok => Err(invalid(setting, &value, "must be more than 0")),
+                Ok(d) => Ok(d),
+                Err(reason) => Err(invalid(setting, &value, &reason)),
+            }
+        };
+        let positive = |setting: &'static str, value: f64| {
+            if value.is_finite() && value > 0.0 {
+                Ok(value)
+            } else {
+                Err(invalid(setting, &value, "expected a positive number"))
+            }
+        };
+        if let Some(listen) = self.listen {
+            config.listen = listen;
+        }
+        if let Some(url) = self.upstream {
+            if !url.starts_with("http://") {
+                return Err(invalid(
+                    "--upstream",
+                    &crate::proxy::redact(&url),
+                    "expected a plain http:// URL (no TLS)",
+                ));
+            }
+            config.backend = BackendConfig::Upstream(url);
+        } else if let Some(rate) = self.sim_tokens_per_sec {
+            config.backend = BackendConfig::Simulated { tokens_per_sec: positive("--sim-tokens-per-sec", rate)? };
+        }
+        config.upstream_api_key = self.upstream_api_key;
+        config.upstream_timeout =
+            duration("--upstream-timeout", self.upstream_timeout, config.upstream_timeout, false)?;
+        config.max_queue_wait = duration("--max-queue-wait", self.max_queue_wait, config.max_queue_wait, true)?;
+        config.header_timeout = duration("--header-timeout", self.header_timeout, config.header_timeout, false)?;
+        config.body_timeout = duration("--body-timeout", self.body_timeout, config.body_timeout, false)?;
+        config.send_timeout = duration("--send-timeout", self.send_timeout, config.send_timeout, false)?;
+        config.shutdown_grace = duration("--shutdown-grace", self.shutdown_grace, config.shutdown_grace, true)?;
+        if let Some(n) = self.max_in_flight {
+            config.max_in_flight = n;
+        }
+        if let Some(n) = self.queue {
+            config.queue = n;
+        }
+        if let Some(rate) = self.rate {
+            let rate = positive("--rate", rate)?;
+            let burst = self.rate_burst.unwrap_or((rate.ceil().max(1.0)).min(f64::from(u32::MAX)) as u32);
+            config.rate = Some((rate, burst));
+        } else if self.rate_burst.is_some() {
+            return Err(ConfigError::Conflict("--rate-burst needs --rate".into()));
+        }
+        if let Some(rate) = self.token_rate {
+            let rate = positive("--token-rate", rate)?;
+            let burst = self.token_burst.unwrap_or((rate * 10.0).ceil().min(u64::MAX as f64) as u64);
+            config.token_rate = Some((rate, burst));
+        } else if self.token_burst.is_some() {
+            return Err(ConfigError::Conflict("--token-burst needs --token-rate".into()));
+        }
+        config.kv_tokens = self.kv_tokens;
+        config.model = self.model;
+        config.model_config = self.model_config;
+        config.gpu = self.gpu;
+        if let Some(gb) = self.weight_gb {
+            config.weight_gb = Some(positive("--weight-gb", gb)?);
+        }
+        if let Some(n) = self.default_max_tokens {
+            if n == 0 {
+                return Err(invalid("--default-max-tokens", &n, "must be at least 1"));
+            }
+            config.default_max_tokens = n;
+        }
+        if let Some(n) = self.max_output_tokens {
+            if n == 0 {
+                return Err(invalid("--max-output-tokens", &n, "must be at least 1"));
+            }
+            config.max_output_tokens = n;
+        }
+        for (setting, value, target) in [
+            ("--max-body-bytes", self.max_body_bytes, &mut config.max_body_bytes),
+            ("--max-buffered-bytes", self.max_buffered_bytes, &mut config.max_buffered_bytes),
+            ("--max-connections", self.max_connections, &mut config.max_connections),
+        ] {
+            match value {
+                Some(0) => return Err(invalid(setting, &0, "must be at least 1")),
+                Some(n) => *target = n,
+                None => {}
+            }
+        }
+        if config.max_buffered_bytes < config.max_body_bytes {
+            return Err(ConfigError::Conflict(format!(
+                "--max-buffered-bytes {} is below --max-body-bytes {}: no body of the largest size could be read",
+                config.max_buffered_bytes, config.max_body_bytes
+            )));
+        }
+        config.all_429 = self.all_429;
+        config.tenant_defaults = self.tenant_defaults;
+        config.tenants = self.tenants;
+        Ok(config)
+    }
+}
+
+impl Config {
+    /// Parses flags (the program name first, as `std::env::args()` gives them) and the `--config`
+    /// file they name.
+    ///
+    /// # Errors
+    ///
+    /// A `clap` error (which prints help, the version, or what is wrong) for flags that do not parse,
+    /// as a [`ConfigError`] through [`FromArgsError`].
+    pub fn from_args<I, T>(args: I) -> Result<Self, FromArgsError>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        let flags = Settings::try_parse_from(args).map_err(FromArgsError::Flags)?;
+        let settings = match &flags.config {
+            Some(path) => {
+                let file = Settings::from_file(path).map_err(FromArgsError::Config)?;
+                flags.or(file)
+            }
+            None => flags,
+        };
+        settings.into_config().map_err(FromArgsError::Config)
+    }
+}
+
+/// Why [`Config::from_args`] gave no configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum FromArgsError {
+    /// The flags do not parse, or `--help`/`--version` was asked for (`clap`'s error prints it; its
+    /// `exit()` exits with the right code).
+    #[error(transparent)]
+    Flags(clap::Error),
+    /// The flags parse, the values do not make a configuration.
+    #[error(transparent)]
+    Config(ConfigError),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn parse(flags: &str) -> Result<Config, FromArgsError> {
+        Config::from_args(std::iter::once("kvgate-gateway").chain(flags.split_whitespace()))
+    }
+
+    #[test]
+    fn flags_parse() {
+        let config = parse(
+            "--listen 127.0.0.1:9000 --upstream http://localhost:11434/v1 --max-in-flight 8 --queue 16 \
+             --max-queue-wait 1.5s --rate 20 --token-rate=5000 --kv-tokens 65536 --default-max-tokens 256 --all-429",
+        )
+        .unwrap();
+        assert_eq!(config.listen, "127.0.0.1:9000".parse().unwrap());
+        assert_eq!(config.backend, BackendConfig::Upstream("http://localhost:11434/v1".into()));
+        assert_eq!((config.max_in_flight, config.queue, config.kv_tokens), (8, 16, Some(65_536)));
+        assert_eq!(config.max_queue_wait, Duration::from_millis(1500));
+        assert_eq!(config.rate, Some((20.0, 20)));
+        assert_eq!(config.token_rate, Some((5000.0, 50_000)));
+        assert_eq!((config.default_max_tokens, config.all_429), (256, true));
+        assert_eq!(parse("--max-queue-wait 250").unwrap().max_queue_wait, Duration::from_millis(250));
+        assert_eq!(parse("").unwrap(), Config::default());
+    }
+
+    #[test]
+    fn misuse_is_reported_not_panicked() {
+        for flags in [
+            "--bogus 1",
+            "--queue",
+            "--upstream https://x",
+            "--max-queue-wait 1e300s",
+            "--upstream-timeout 1e300s",
+            "--upstream-timeout 0",
+            "--header-timeout -1s",
+            "--body-timeout NaNs",
+            "--max-queue-wait 2d",
+            "--rate 0",
+            "--rate-burst 5",
+            "--max-body-bytes 0",
+            "--max-buffered-bytes 10",
+            "--default-max-tokens 0",
+        ] {
+            let err = parse(flags).expect_err(flags);
+            assert!(!err.to_string().is_empty(), "{flags}");
+        }
+        let err = parse("--max-queue-wait 1e300s").unwrap_err().to_string();
+        assert!(err.contains("--max-queue-wait") && err.contains("1 day"), "{err}");
+        assert!(
+            matches!(parse("--help"), Err(FromArgsError::Flags(e)) if e.kind() == clap::error::ErrorKind::DisplayHelp)
+        );
+    }
+
+    #[test]
+    fn the_file_fills_in_what_the_flags_leave() {
+        let dir = std::env::temp_dir().join(format!("kvgate-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("gateway.toml");
+        std::fs::write(
+            &path,
+            r#"
+max_in_flight = 4
+queue = 9
+max_queue_wait = "2s"
+rate = 5.0
+
+[tenant_defaults]
+max_in_flight = 2
+
+[[tenants]]
+name = "alice"
+keys = ["sk-alice"]
+priority = "interactive"
+request_rate = 1.0
+request_burst = 3
+"#,
+        )
+        .unwrap();
+        let config = parse(&format!("--config {} --queue 3", path.display())).unwrap();
+        assert_eq!((config.max_in_flight, config.queue), (4, 3), "flags win over the file");
+        assert_eq!(config.max_queue_wait, Duration::from_secs(2));
+        assert_eq!(config.rate, Some((5.0, 5)));
+        assert_eq!(config.tenants[0].name, "alice");
+        assert_eq!(config.tenant_defaults.as_ref().unwrap().max_in_flight, Some(2));
+        std::fs::write(&path, "max_in_flite = 4\n").unwrap();
+        let err = parse(&format!("--config {}", path.display())).unwrap_err().to_string();
+        assert!(err.contains("max_in_flite"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,234 @@
+//! Shared prefixes: the KV-cache blocks of a prompt prefix that many requests share (at a company, the same
+//! system prompt opens almost every chat) are charged once while any request using it holds a permit.
+//!
+//! Engines with prefix caching (vLLM, SGLang) keep one copy of a prefix's whole blocks for every sequence
+//! that starts with it. With [`prefix_sharing`](crate::AdmissionBuilder::prefix_sharing) on, a request that
+//! names its prefix ([`Request::prefix`](crate::Request::prefix)) reserves only what it adds beyond the
+//! prefix when the prefix is already held; the first request (and the first after the prefix was
+//! released) also reserves the prefix. The prefix's reservation is returned when the last permit holding
+//! it is dropped.
+//!
+//! # Invariants (under the waiting room's lock, where the table lives)
+//! 1. An entry is *charged* (its prefix units are part of the global KV in use) exactly while `holders > 0`.
+//! 2. An entry exists while it has holders or waiters referring to it; at most `max_entries` exist, so
+//!    invented ids cannot grow memory: a request whose prefix finds the table full is charged in full and
+//!    shares nothing.
+//! 3. A waiter that refers to an entry reserves only its suffix while waiting; whether the prefix must
+//!    be charged too is decided at the moment it is granted.
+
+use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
+
+use super::hasher::KeyHasher;
+
+/// The id of a cacheable prompt prefix (for example a hash of the system prompt). Cheap to copy.
+///
+/// # Examples
+///
+/// ```
+/// use kvgate::PrefixId;
+///
+/// assert_eq!(PrefixId::from("You are a helpful assistant."), PrefixId::from("You are a helpful assistant."));
+/// assert_eq!(PrefixId::from(7u64).get(), 7);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct PrefixId(u64);
+
+impl PrefixId {
+    /// The id as a number.
+    pub const fn get(self) -> u64 {
+        self.0
+    }
+}
+
+impl From<u64> for PrefixId {
+    fn from(id: u64) -> Self {
+        Self(id)
+    }
+}
+
+impl From<&str> for PrefixId {
+    /// FNV-1a over the bytes, like [`TenantId`](crate::TenantId): stable across runs and platforms.
+    fn from(text: &str) -> Self {
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        for byte in text.bytes() {
+            hash ^= u64::from(byte);
+            hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        Self(hash)
+    }
+}
+
+/// A request's cacheable prefix: its id and its length in tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct Prefix {
+    /// Which prefix.
+    pub id: PrefixId,
+    /// Its length in tokens (at most the request's prompt; longer counts as the whole prompt).
+    pub tokens: u32,
+}
+
+/// A request's KV cost split around its shared prefix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Split {
+    pub(crate) id: PrefixId,
+    /// KV units of the prefix's whole blocks, charged once for all holders.
+    pub(crate) prefix: u64,
+    /// KV units the request adds beyond the prefix.
+    pub(crate) suffix: u64,
+}
+
+impl Split {
+    /// What the request holds when it shares nothing.
+    pub(crate) fn whole(&self) -> u64 {
+        self.prefix.saturating_add(self.suffix)
+    }
+}
+
+#[derive(Debug)]
+struct Entry {
+    /// KV units of the prefix (as priced when the entry was made).
+    units: u64,
+    holders: u32,
+    waiters: u32,
+}
+
+/// How a request refers to the table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Sharing {
+    /// It has an entry: it holds (or will hold) only its suffix, and the prefix is counted once.
+    Shared(PrefixId),
+    /// The table was full: it holds its whole cost itself.
+    Alone,
+}
+
+/// The bounded table of prefixes in use.
+#[derive(Debug)]
+pub(crate) struct PrefixTable {
+    entries: HashMap<PrefixId, Entry, BuildHasherDefault<KeyHasher>>,
+    max_entries: usize,
+}
+
+impl PrefixTable {
+    pub(crate) fn new(max_entries: usize) -> Self {
+        Self { entries: HashMap::default(), max_entries }
+    }
+
+    /// Entries in the table.
+    pub(crate) fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// The KV units a holder of `split` must take now: its suffix, plus the prefix if nobody holds it.
+    /// `Alone` when the table has no room for a new prefix.
+    pub(crate) fn need(&self, split: &Split) -> (u64, Sharing) {
+        match self.entries.get(&split.id) {
+            Some(entry) if entry.holders > 0 => (split.suffix, Sharing::Shared(split.id)),
+            Some(entry) => (split.suffix.saturating_add(entry.units), Sharing::Shared(split.id)),
+            None if self.entries.len() < self.max_entries => (split.whole(), Sharing::Shared(split.id)),
+            None => (split.whole(), Sharing::Alone),
+        }
+    }
+
+    /// Records a new holder of `split` (after its `need` was taken). Returns the KV units it did not have
+    /// to take because the prefix was held already.
+    pub(crate) fn hold(&mut self, split: &Split) -> u64 {
+        let entry = self.entries.entry(split.id).or_insert(Entry { units: split.prefix, holders: 0, waiters: 0 });
+        let saved = if entry.holders > 0 { entry.units } else { 0 };
+        entry.holders += 1;
+        saved
+    }
+
+    /// A holder let go. Returns the prefix's KV units to give back when it was the last holder.
+    pub(crate) fn release(&mut self, id: PrefixId) -> u64 {
+        let Some(entry) = self.entries.get_mut(&id) else { return 0 };
+        entry.holders -= 1;
+        if entry.holders > 0 {
+            return 0;
+        }
+        let units = entry.units;
+        if entry.waiters == 0 {
+            self.entries.remove(&id);
+        }
+        units
+    }
+
+    /// A waiter of `split` starts waiting: `Shared` if the table has (or makes) its entry.
+    pub(crate) fn wait(&mut self, split: &Split) -> Sharing {
+        if !self.entries.contains_key(&split.id) && self.entries.len() >= self.max_entries {
+            return Sharing::Alone;
+        }
+        self.entries.entry(split.id).or_insert(Entry { units: split.prefix, holders: 0, waiters: 0 }).waiters += 1;
+        Sharing::Shared(split.id)
+    }
+
+    /// The KV units a waiter of `id` with `suffix` must take when granted.
+    pub(crate) fn waiter_need(&self, id: PrefixId, suffix: u64) -> u64 {
+        match self.entries.get(&id) {
+            Some(entry) if entry.holders == 0 => suffix.saturating_add(entry.units),
+            _ => suffix,
+        }
+    }
+
+    /// A waiter of `id` stopped waiting: granted (it becomes a holder) or not. Returns the KV units a
+    /// granted waiter did not have to take because the prefix was held already.
+    pub(crate) fn stop_waiting(&mut self, id: PrefixId, granted: bool) -> u64 {
+        let Some(entry) = self.entries.get_mut(&id) else { return 0 };
+        entry.waiters -= 1;
+        if granted {
+            let saved = if entry.holders > 0 { entry.units } else { 0 };
+            entry.holders += 1;
+            return saved;
+        }
+        if entry.holders == 0 && entry.waiters == 0 {
+            self.entries.remove(&id);
+        }
+        0
+    }
+
+    /// The prefix units of `id` (0 if unknown).
+    pub(crate) fn units(&self, id: PrefixId) -> u64 {
+        self.entries.get(&id).map_or(0, |e| e.units)
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_prefix_is_charged_once_while_held_and_the_table_is_bounded() {
+        let mut table = PrefixTable::new(1);
+        let a = Split { id: PrefixId::from(1), prefix: 100, suffix: 10 };
+        let b = Split { id: PrefixId::from(2), prefix: 50, suffix: 5 };
+        assert_eq!(table.need(&a), (110, Sharing::Shared(a.id)));
+        assert_eq!(table.hold(&a), 0);
+        assert_eq!(table.need(&a), (10, Sharing::Shared(a.id)));
+        assert_eq!(table.hold(&a), 100);
+        // Full: another prefix shares nothing.
+        assert_eq!(table.need(&b), (55, Sharing::Alone));
+        assert_eq!(table.wait(&b), Sharing::Alone);
+        assert_eq!(table.release(a.id), 0);
+        assert_eq!(table.release(a.id), 100);
+        assert_eq!(table.len(), 0);
+    }
+
+    #[test]
+    fn waiters_keep_their_entry_and_pay_the_prefix_only_if_nobody_holds_it() {
+        let mut table = PrefixTable::new(4);
+        let a = Split { id: PrefixId::from(1), prefix: 100, suffix: 10 };
+        assert_eq!(table.wait(&a), Sharing::Shared(a.id));
+        assert_eq!(table.waiter_need(a.id, 10), 110);
+        table.hold(&a);
+        assert_eq!(table.waiter_need(a.id, 10), 10);
+        assert_eq!(table.stop_waiting(a.id, true), 100);
+        assert_eq!(table.release(a.id), 0);
+        assert_eq!(table.release(a.id), 100);
+        assert_eq!(table.len(), 0);
+        table.wait(&a);
+        table.stop_waiting(a.id, false);
+        assert_eq!(table.len(), 0);
+    }
+}

@@ -1,0 +1,92 @@
+//! Shared prefixes: a prompt prefix many requests start with is charged once while any of them holds a
+//! permit, in tokens and in engine-exact bytes, for admitted and waiting requests, with a bounded table.
+#![cfg(not(loom))]
+
+use futures::FutureExt;
+use kvgate::kv::{GpuPlan, ModelSpec};
+use kvgate::{Admission, Rejection, Request};
+
+const SYSTEM_PROMPT: &str = "You are the company's assistant. Be concise.";
+
+#[test]
+fn a_hundred_requests_sharing_a_prefix_fit_one_prefix_and_a_hundred_suffixes() {
+    // 4,000-token system prompt, 60-token question, 40-token answer: 100 of them need
+    // 4,000 + 100 x 100 tokens with sharing, 100 x 4,100 without.
+    let admission = Admission::builder().kv_capacity_tokens(4_000 + 100 * 100).prefix_sharing(16).build().unwrap();
+    let chat = Request::new(4_060, 40).prefix(SYSTEM_PROMPT, 4_000);
+    let permits: Vec<_> = (0..100).map(|i| admission.try_admit(&chat).unwrap_or_else(|e| panic!("{i}: {e}"))).collect();
+    assert!(permits.iter().all(|p| p.kv_reserved() == 100));
+    let s = admission.snapshot();
+    assert_eq!((s.kv_used, s.prefixes, s.kv_saved_by_prefixes), (14_000, 1, 99 * 4_000));
+    assert!(matches!(admission.try_admit(&chat), Err(Rejection::NoCapacity { .. })));
+    drop(permits);
+    let s = admission.snapshot();
+    assert_eq!((s.kv_used, s.in_flight, s.prefixes), (0, 0, 0), "the last holder returns the prefix");
+
+    // Without sharing the same budget holds three.
+    let alone = Admission::builder().kv_capacity_tokens(14_000).build().unwrap();
+    let held: Vec<_> = std::iter::from_fn(|| alone.try_admit(&chat).ok()).collect();
+    assert_eq!(held.len(), 3);
+}
+
+#[test]
+fn in_engine_exact_bytes_too() {
+    let plan = GpuPlan::builder(ModelSpec::preset("llama-3.1-8b").unwrap()).gpu("h100-80").build().unwrap();
+    let prefix = plan.prefix_bytes(4_000);
+    let suffix = plan.max_suffix_bytes(4_100, 4_000);
+    assert!(prefix > 0 && suffix > 0);
+    let admission = Admission::builder()
+        .kv_layout(plan.layout().clone())
+        .kv_capacity_bytes(prefix + 100 * suffix)
+        .prefix_sharing(16)
+        .build()
+        .unwrap();
+    let chat = Request::new(4_060, 40).prefix(SYSTEM_PROMPT, 4_000);
+    let permits: Vec<_> = (0..100).map(|_| admission.try_admit(&chat).unwrap()).collect();
+    assert_eq!(admission.snapshot().kv_used, prefix + 100 * suffix);
+    assert!(admission.try_admit(&chat).is_err());
+    drop(permits);
+    assert_eq!(admission.snapshot().kv_used, 0);
+}
+
+#[test]
+fn waiters_are_charged_their_suffix_when_the_prefix_is_held() {
+    let admission = Admission::builder().kv_capacity_tokens(1_200).max_in_flight(2).prefix_sharing(4).build().unwrap();
+    let chat = Request::new(1_050, 50).prefix("p", 1_000);
+    let a = admission.try_admit(&chat).unwrap();
+    let b = admission.try_admit(&chat).unwrap();
+    let mut c = admission.admit(&chat);
+    assert!((&mut c).now_or_never().is_none(), "no slot");
+    drop(a);
+    let c = c.now_or_never().expect("granted").unwrap();
+    assert_eq!(c.kv_reserved(), 100);
+    assert_eq!(admission.snapshot().kv_used, 1_000 + 2 * 100);
+    drop((b, c));
+    assert_eq!(admission.snapshot().kv_used, 0);
+}
+
+#[test]
+fn invented_prefix_ids_cannot_grow_the_table() {
+    let admission = Admission::builder().kv_capacity_tokens(1 << 30).prefix_sharing(8).build().unwrap();
+    let mut held = Vec::new();
+    for id in 0..10_000u64 {
+        held.push(admission.try_admit(&Request::new(100, 10).prefix(id, 90)).unwrap());
+    }
+    let s = admission.snapshot();
+    assert_eq!(s.prefixes, 8);
+    // Beyond the table each request is charged in full: nothing is under-counted.
+    assert_eq!(s.kv_used, 10_000 * 110);
+    drop(held);
+    assert_eq!(admission.snapshot().prefixes, 0);
+}
+
+#[test]
+fn a_prefix_longer_than_the_prompt_counts_as_the_prompt_and_zero_entries_is_an_error() {
+    let admission = Admission::builder().kv_capacity_tokens(1_000).prefix_sharing(4).build().unwrap();
+    let long = Request::new(100, 20).prefix("p", 10_000);
+    let a = admission.try_admit(&long).unwrap();
+    let b = admission.try_admit(&long).unwrap();
+    assert_eq!((a.kv_reserved(), b.kv_reserved()), (20, 20));
+    assert_eq!(admission.snapshot().kv_used, 140);
+    assert!(Admission::builder().prefix_sharing(0).build().is_err());
+}
