@@ -93,9 +93,15 @@ impl<C: Clock> AdmissionBuilder<C> {
     }
 
     /// Waiting room per priority class for [`Admission::admit`] and [`Admission::admit_blocking`]:
-    /// at most this many requests of one class wait at once; one more is rejected at once with
-    /// [`Rejection::QueueFull`](crate::Rejection::QueueFull). `0` means never wait. Default
+    /// at most this many requests of one class wait at once. `0` means never wait. Default
     /// [`DEFAULT_QUEUE_CAPACITY`]. At most 2^20.
+    ///
+    /// When a class is full, a new request is refused at once with
+    /// [`Rejection::QueueFull`](crate::Rejection::QueueFull) unless its flow (its tenant, or the requests
+    /// without a tenant) has at least two fewer waiters than the class's longest flow: then the newest
+    /// waiter of that longest flow resolves `QueueFull` and gives its place (*longest queue drop*; of
+    /// equally long flows, the requests without a tenant give first, then tenants by id). One tenant can
+    /// thus never hold every place of the waiting room.
     pub fn queue_capacity(mut self, queue_capacity: usize) -> Self {
         self.queue_capacity = queue_capacity;
         self
@@ -384,7 +390,9 @@ impl<C: Clock> AdmissionBuilder<C> {
         if let Some(config) = &self.tenants {
             config.validate()?;
         }
-        if let Some(who) = self.tenants.as_ref().and_then(TenantConfig::kv_share_holder).filter(|_| kv_capacity == u64::MAX) {
+        if let Some(who) =
+            self.tenants.as_ref().and_then(TenantConfig::kv_share_holder).filter(|_| kv_capacity == u64::MAX)
+        {
             return Err(ConfigError::Conflict(format!(
                 "{who} has a kv_share but the admission has no KV budget to share; add kv_capacity_tokens(...), \
                  kv_capacity_bytes(...) or gpu_plan(...), or drop the share"

@@ -27,7 +27,6 @@ pub(crate) struct Core {
     now: ClockFn,
 }
 
-
 impl Core {
     pub(crate) fn new(
         max_in_flight: u64,

@@ -132,7 +132,10 @@ pub enum Rejection {
         capacity: u64,
     },
 
-    /// The waiting room is full. `retry_after` estimates when a place frees up.
+    /// The waiting room is full: the request's class holds `queue_capacity` waiters, or a waiting request
+    /// gave its place to a request of a tenant with fewer waiters (see
+    /// [`AdmissionBuilder::queue_capacity`](crate::AdmissionBuilder::queue_capacity)). `retry_after`
+    /// estimates when a place frees up.
     #[error("queue full: too many requests are already waiting; retry in {retry_after:?}")]
     QueueFull {
         /// Estimated time until the queue has room.

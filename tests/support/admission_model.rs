@@ -605,17 +605,20 @@ impl Model {
         if let Some(t) = req.tenant {
             if self.tenant_parked_at_or_above(t, class) || !self.tenant_fits(t, self.tenant_kv(own)) {
                 let cap_ok = self.cfg.tenant_cap.is_none_or(|cap| self.tenants[usize::from(t)].in_flight < cap);
+                // The real admission took global capacity first and gives it back now (a pass if waiters are
+                // held back; a shared prefix was held, then let go).
+                if let Some(sp) = split.filter(|_| shared) {
+                    self.take_split(need, 0, None);
+                    self.prefix_hold(sp);
+                    self.release_held(own, prefix, None);
+                } else {
+                    self.pass();
+                }
                 if !self.tenant_parked_at_or_above(t, class) && cap_ok {
                     // The real admission took the tenant's slot, found its KV share short and gave the slot
                     // back; a parked flow of the tenant may have missed that slot, so it is unparked.
                     self.unpark(t);
                     self.pass();
-                }
-                if let Some(sp) = split.filter(|_| shared) {
-                    // The real admission held the prefix, then gave it back.
-                    self.take_split(need, 0, None);
-                    self.prefix_hold(sp);
-                    self.release_held(own, prefix, None);
                 }
                 return if may_wait { self.queue(req, kv, split, "rate_limited") } else { Err(Err("rate_limited")) };
             }
