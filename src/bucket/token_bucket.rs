@@ -342,8 +342,11 @@ impl<C: Clock> TokenBucket<C> {
     /// ```
     pub fn set_rate(&self, rate_per_second: f64, burst: u64) -> Result<(), ConfigError> {
         let quota = Quota::new(rate_per_second, burst)?;
-        let guard = self.config.lock();
+        // The clock is user code: read it before taking the write side, so that a clock that panics cannot
+        // leave readers spinning. A writer that locks after a later `set_rate` with an earlier `now` starts
+        // its piece where that one did (`Gcra::continued`).
         let now = self.clock.now_nanos();
+        let guard = self.config.lock();
         let old = guard.current();
         let level = old.level_at(now);
         // Raise a stale `tat` to the old clamp, so that the new burst cannot resurrect tokens the old one
@@ -621,6 +624,40 @@ mod tests {
         assert_eq!(b.available_at(0), 10);
         b.refund_at(0, 0);
         assert_eq!(b.available_at(5 * SEC), 10);
+    }
+
+    /// A clock that panics on demand.
+    #[derive(Debug, Clone)]
+    struct Faulty {
+        clock: ManualClock,
+        fail: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    }
+
+    impl Clock for Faulty {
+        fn now_nanos(&self) -> u64 {
+            assert!(!self.fail.load(std::sync::atomic::Ordering::Relaxed), "injected clock failure");
+            self.clock.now_nanos()
+        }
+    }
+
+    #[test]
+    fn a_clock_that_panics_in_set_rate_changes_nothing_and_blocks_nobody() {
+        let fail = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let b = TokenBucket::with_clock(1.0, 5, Faulty { clock: ManualClock::new(), fail: fail.clone() }).unwrap();
+        b.try_acquire(2).unwrap();
+        fail.store(true, std::sync::atomic::Ordering::Relaxed);
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| b.set_rate(10.0, 1)));
+        assert!(caught.is_err());
+        // Readers are not left spinning on a half-written configuration (on a watchdog, so that a
+        // regression fails instead of hanging), and the configuration is the old one.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let b = std::sync::Arc::new(b);
+        let reader = std::sync::Arc::clone(&b);
+        std::thread::spawn(move || tx.send((reader.available_at(0), reader.burst(), reader.rate())));
+        assert_eq!(rx.recv_timeout(Duration::from_secs(10)), Ok((3, 5, 1.0)));
+        fail.store(false, std::sync::atomic::Ordering::Relaxed);
+        b.set_rate(10.0, 1).unwrap();
+        assert_eq!((b.available(), b.burst()), (1, 1));
     }
 
     #[test]
