@@ -40,7 +40,7 @@ fn max_window(spec: &ModelSpec) -> u64 {
 const TOKENS: u64 = 10_000_000;
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(256))]
+    #![proptest_config(support::proptest_config(256))]
 
     #[test]
     fn kv_bytes_is_monotone(spec in spec(), t in 0..TOKENS, d in 0..TOKENS, dtype in prop::sample::select(KvDtype::ALL.to_vec())) {
@@ -160,7 +160,7 @@ fn block() -> impl Strategy<Value = u32> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(128))]
+    #![proptest_config(support::proptest_config(128))]
 
     #[test]
     fn peak_is_monotone_and_covers_every_shorter_length(
@@ -250,7 +250,7 @@ mod parser {
             any::<i64>().prop_map(Value::from),
             any::<u64>().prop_map(Value::from),
             any::<f64>().prop_map(|f| serde_json::Number::from_f64(f).map_or(Value::Null, Value::Number)),
-            prop::sample::select(KEYS.to_vec()).prop_map(|s| Value::String(s.to_owned())),
+            prop::sample::select(support::hf::words()).prop_map(|s| Value::String(s.to_owned())),
             ".{0,12}".prop_map(Value::String),
         ];
         leaf.prop_recursive(4, 64, 8, |inner| {
@@ -262,59 +262,9 @@ mod parser {
         })
     }
 
-    /// Keys and values the parser reads, so random objects reach deep into it.
-    const KEYS: &[&str] = &[
-        "model_type",
-        "text_config",
-        "num_hidden_layers",
-        "num_attention_heads",
-        "num_key_value_heads",
-        "hidden_size",
-        "head_dim",
-        "sliding_window",
-        "use_sliding_window",
-        "layer_types",
-        "max_window_layers",
-        "sliding_window_pattern",
-        "full_attention_interval",
-        "attn_layer_period",
-        "attn_layer_offset",
-        "kv_lora_rank",
-        "qk_rope_head_dim",
-        "global_head_dim",
-        "num_global_key_value_heads",
-        "num_kv_shared_layers",
-        "attention_chunk_size",
-        "no_rope_layers",
-        "linear_num_value_heads",
-        "mamba_d_ssm",
-        "mamba_n_heads",
-        "mamba_d_head",
-        "llama",
-        "llama4",
-        "smollm3",
-        "falcon_h1",
-        "glm4_moe",
-        "glm4_moe_lite",
-        "chunked_attention",
-        "hybrid",
-        "gemma3",
-        "gemma4",
-        "qwen3_next",
-        "deepseek_v3",
-        "jamba",
-        "gpt_oss",
-        "qwen2",
-        "mistral",
-        "gemma2",
-        "full_attention",
-        "sliding_attention",
-        "linear_attention",
-        "mamba",
-    ];
-
     fn key() -> impl Strategy<Value = String> {
-        prop_oneof![prop::sample::select(KEYS.to_vec()).prop_map(str::to_owned), ".{0,8}"]
+        // The parser's vocabulary (shared with the `hf_config_json` fuzz target), so random objects reach deep into it.
+        prop_oneof![prop::sample::select(support::hf::words()).prop_map(str::to_owned), ".{0,8}"]
     }
 
     fn interesting() -> impl Strategy<Value = Value> {
@@ -380,16 +330,15 @@ mod parser {
         config
     }
 
+    /// A spec the parser returns passes the checks the fuzz targets apply.
     fn sane(json: &str) {
         if let Ok(spec) = ModelSpec::from_hf_config(json) {
-            assert!(spec.num_layers() > 0);
-            assert!(spec.bytes_per_token(KvDtype::Bf16) > 0 || spec.recurrent_layers() > 0);
-            let _ = spec.kv_bytes_paged(u64::MAX, KvDtype::F32, 16);
+            support::kv::check_spec(&spec, 32_768, 16);
         }
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(256))]
+        #![proptest_config(support::proptest_config(256))]
 
         #[test]
         fn parser_never_panics_on_arbitrary_json(v in value()) {
