@@ -813,7 +813,8 @@ pub struct Harness {
     permits: Vec<(Permit, usize)>,
 }
 
-fn poll_once(fut: &mut Admit) -> Poll<Result<Permit, Rejection>> {
+/// Polls a waiting admission once with a waker that does nothing (the tests poll again by hand).
+pub fn poll_once(fut: &mut Admit) -> Poll<Result<Permit, Rejection>> {
     Pin::new(fut).poll(&mut Context::from_waker(Waker::noop()))
 }
 

@@ -1,5 +1,5 @@
-//! Helpers shared by kvgate's integration tests (`tests/*.rs`) and fuzz targets (`fuzz/fuzz_targets/*.rs`):
-//! one home for each, so that a test and a fuzz target of the same API check the same thing.
+//! Helpers shared by kvgate's integration tests (`tests/*.rs`), fuzz targets (`fuzz/fuzz_targets/*.rs`) and
+//! benches: one home for each, so that a test and a fuzz target of the same API check the same thing.
 //!
 //! | module | holds | used by |
 //! |---|---|---|
@@ -9,6 +9,7 @@
 //! | [`kv`] | [`check_spec`](kv::check_spec): every size function of a parsed spec is total and consistent | `kv_proptest`, fuzz `hf_config_bytes` and `hf_config_json` |
 //! | [`within`] | a watchdog: a call that hangs fails the test instead | `bad_inputs`, `fault_injection` |
 //! | [`proptest_config`] | case counts (`PROPTEST_CASES`, fewer under miri) | every `*_proptest` and model test |
+//! | [`time_on_two_threads`] | the timing loop of a contended bench | benches `bucket`, `admission` |
 //!
 //! Seeded random numbers come from the crate's own generator, [`kvgate::retry::SplitMix64`].
 //!
@@ -19,6 +20,7 @@ pub mod admission;
 pub mod bucket;
 pub mod hf;
 pub mod kv;
+mod threads;
 mod watchdog;
 
 #[cfg(feature = "proptest")]
@@ -26,4 +28,5 @@ mod cases;
 
 #[cfg(feature = "proptest")]
 pub use cases::proptest_config;
+pub use threads::time_on_two_threads;
 pub use watchdog::within;
