@@ -26,6 +26,10 @@
 //!   (`tests/waiting.rs`, `tests/fault_injection.rs`).
 //! - [`MonotonicClock`](crate::clock::MonotonicClock) holds no shared state of ours (it reads the TSC or
 //!   `Instant`).
+//! - The simulation lab (`sim`, a feature) drives everything from one thread; the `parking_lot::Mutex`
+//!   around its list of woken waiters exists only because a `Waker` must be `Send + Sync`, and there is no
+//!   second thread for loom to interleave. Its determinism is checked by the lab's own tests (same seed,
+//!   same report).
 //!
 //! A new structure either imports from here or is added to this list with the reason and the tests that
 //! prove it instead.
