@@ -40,10 +40,11 @@
 //! such as 0.001/s) that is exactly `burst + floor(rate * (t - base_ns))`. The proof, and how `mult` is
 //! computed from the `f64` rate without floating-point products, are in `gcra.rs`.
 //!
-//! **Rate changes** ([`TokenBucket::set_rate`]) at time `T`, holding the configuration's write lock:
-//! first raise `tat` to `start_old(T) = max(tat, L_old(T) - burst_old)` (a CAS loop; this changes nothing
-//! the old configuration can observe at or after `T`), then start a new linear piece `base_ns = T`,
-//! `level0 = L_old(T)`, so `L` is continuous and `tat` keeps its units. Then
+//! **Rate changes** ([`TokenBucket::set_rate`]) at time `T` (read before the configuration's write lock
+//! is taken), holding that lock: first raise `tat` to `start_old(T) = max(tat, L_old(T) - burst_old)` (a
+//! CAS loop; this changes nothing the old configuration can observe at or after `T`), then start a new
+//! linear piece `base_ns = T`, `level0 = L_old(T)` (at the old piece's start instead, if a concurrent
+//! change already started one later than `T`), so `L` is continuous and `tat` keeps its units. Then
 //! `available_new(T) = min(available_old(T), burst_new)`. The new configuration does not depend on `tat`,
 //! and the normalization only ever raises `tat` to a value every later operation of the old configuration
 //! also produces, so an acquire that computed with the old configuration and commits its CAS after the
