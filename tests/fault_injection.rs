@@ -17,23 +17,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 use support::admission::assert_idle;
-use support::within;
+use support::{quiet_panics, within};
 
 const MS: u64 = 1_000_000;
-
-/// Silences the default panic message for the panics these tests inject on purpose.
-fn quiet_panics() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        let default = std::panic::take_hook();
-        std::panic::set_hook(Box::new(move |info| {
-            let injected = info.payload().downcast_ref::<&str>().is_some_and(|m| m.starts_with("injected"));
-            if !injected {
-                default(info);
-            }
-        }));
-    });
-}
 
 // ---------------------------------------------------------------------------------------------------------
 // Panics while holding a permit

@@ -196,8 +196,10 @@ impl<C: Clock> AdmissionBuilder<C> {
         self
     }
 
-    /// Most tenants tracked at once (default [`DEFAULT_MAX_TENANTS`](crate::DEFAULT_MAX_TENANTS)); beyond it, new tenants share
-    /// one overflow tenant with the default limits until idle tenants are evicted.
+    /// Most tenants tracked at once besides the configured ones (default
+    /// [`DEFAULT_MAX_TENANTS`](crate::DEFAULT_MAX_TENANTS)); beyond it, new tenants share one overflow
+    /// tenant with the default limits until idle tenants are evicted. Configured tenants
+    /// ([`tenant_limits`](Self::tenant_limits)) are always tracked and never evicted.
     pub fn max_tenants(mut self, max_tenants: usize) -> Self {
         self.tenant_config().max_tenants = max_tenants;
         self
@@ -316,7 +318,8 @@ impl<C: Clock> AdmissionBuilder<C> {
     ///
     /// [`ConfigError`] when a setting could never admit anything or is not a valid number:
     /// `max_in_flight(0)`, `kv_capacity_tokens(0)`, a rate that is zero, negative, NaN, infinite or out of
-    /// range, a zero burst, or a queue capacity above 2^20.
+    /// range, a zero burst, a queue capacity above 2^20, a KV budget set twice or in the wrong unit, or a
+    /// tenant [`kv_share`](crate::TenantLimits::kv_share) without a KV budget.
     pub fn build(self) -> Result<Admission<C>, ConfigError> {
         let max_in_flight = match self.max_in_flight {
             Some(0) => return Err(ConfigError::Zero { what: "max_in_flight" }),
@@ -378,6 +381,17 @@ impl<C: Clock> AdmissionBuilder<C> {
         if self.max_prefixes == Some(0) {
             return Err(ConfigError::Zero { what: "prefix_sharing's max_prefixes" });
         }
+        if let Some(config) = &self.tenants {
+            config.validate()?;
+        }
+        if let Some(who) =
+            self.tenants.as_ref().and_then(TenantConfig::kv_share_holder).filter(|_| kv_capacity == u64::MAX)
+        {
+            return Err(ConfigError::Conflict(format!(
+                "{who} has a kv_share but the admission has no KV budget to share; add kv_capacity_tokens(...), \
+                 kv_capacity_bytes(...) or gpu_plan(...), or drop the share"
+            )));
+        }
         let tenants = match self.tenants {
             Some(config) => Some(TenantRegistry::new(config, self.expected_hold, self.clock.clone())?),
             None => None,
@@ -392,6 +406,10 @@ impl<C: Clock> AdmissionBuilder<C> {
                     self.deadline_timer,
                     self.max_prefixes.unwrap_or(0),
                     matches!(self.fairness, Fairness::Tokens { .. }),
+                    {
+                        let clock = self.clock.clone();
+                        super::dispatcher::ClockFn(Box::new(move || clock.now_nanos()))
+                    },
                 ),
                 clock: self.clock,
                 kv_cost,

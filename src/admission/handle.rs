@@ -206,6 +206,7 @@ impl<C: Clock> Admission<C> {
             closed: core.is_closed(),
             mean_hold: core.stats.hold.mean(),
             waker_panics: core.stats.waker_panics(),
+            shed: core.stats.shed(),
             prefixes,
             kv_saved_by_prefixes: core.stats.prefix_saved(),
         }
@@ -226,8 +227,8 @@ impl<C: Clock> Admission<C> {
         crate::telemetry::publish(&self.snapshot(), unit, self.tracked_tenants(), &busiest);
     }
 
-    /// Tenants whose state is tracked now (0 without tenants). Never above
-    /// [`max_tenants`](AdmissionBuilder::max_tenants).
+    /// Tenants whose state is tracked now (0 without tenants): the configured ones and at most
+    /// [`max_tenants`](AdmissionBuilder::max_tenants) others.
     pub fn tracked_tenants(&self) -> usize {
         self.shared.tenants.as_ref().map_or(0, TenantRegistry::tracked)
     }
@@ -330,7 +331,7 @@ impl<C: Clock> Admission<C> {
         match (&self.shared.tenants, tenant) {
             (Some(registry), Some(id)) => match registry.peek(id) {
                 Some(state) => global.tighter(state.rate_status(now)),
-                None => global.tighter(registry.untracked_rate_status(id)),
+                None => global.tighter(registry.untracked_rate_status(id, now)),
             },
             _ => global,
         }

@@ -180,6 +180,16 @@ impl Rejection {
         }
     }
 
+    /// This rejection with its retry hint raised to at least `wait` (a rejection without a hint is kept).
+    pub(crate) fn at_least(self, wait: Duration) -> Self {
+        match self {
+            Rejection::NoCapacity { retry_after } => Rejection::NoCapacity { retry_after: retry_after.max(wait) },
+            Rejection::RateLimited { retry_after } => Rejection::RateLimited { retry_after: retry_after.max(wait) },
+            Rejection::QueueFull { retry_after } => Rejection::QueueFull { retry_after: retry_after.max(wait) },
+            other => other,
+        }
+    }
+
     /// The HTTP status an API server should answer with.
     ///
     /// - `429 Too Many Requests` for [`RateLimited`](Rejection::RateLimited): the *client* sends too fast;
