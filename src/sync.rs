@@ -5,7 +5,7 @@
 //! same code is compiled against loom's instrumented types, so the loom models in `tests/*_loom.rs`
 //! explore every interleaving of the real implementation: the queue's stamps and counters, the token
 //! bucket's `tat` and seqlock, the admission's gauges, waiters and waiting room, the tenant registry's
-//! read-write locks, and [`ManualClock`](crate::clock::ManualClock)'s time.
+//! read-write locks and tenant count, and [`ManualClock`](crate::clock::ManualClock)'s time.
 //!
 //! This module contains no logic beyond adapting the two APIs to one shape: `std`'s `UnsafeCell` is
 //! wrapped so that it offers loom's closure-based `with` / `with_mut` accessors, and [`lock`], [`read`]

@@ -1,8 +1,8 @@
 //! Arbitrary bytes into `ModelSpec::from_hf_config`: never panics; when it returns a spec, it passes
-//! `support::kv::check_spec` (shared with `tests/kv_proptest.rs` and `hf_config_json`): every size function
-//! is total (no panic, no overflow) for any token count, dtype, block size and engine, and the documented
-//! relations hold (paged >= exact, naive >= exact, fp8 = bf16 / 2 below saturation, an engine's peak >= its
-//! bytes at the same length and monotone).
+//! `support::kv::check_spec` (shared with `tests/kv_hf_config_proptest.rs` and `hf_config_json`): every
+//! size function is total (no panic, no overflow) for any token count, dtype, block size and engine, and
+//! the documented relations hold (paged >= exact, naive >= exact, fp8 = bf16 / 2 below saturation, an
+//! engine's peak >= its bytes at the same length and monotone).
 #![no_main]
 
 use kvgate::kv::ModelSpec;

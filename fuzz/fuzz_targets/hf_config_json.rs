@@ -1,7 +1,7 @@
 //! Structured `config.json` fuzzing: `arbitrary` builds a JSON object from the keys the parser reads (and
 //! a few it must ignore), each with a random value of a random type — small and edge integers, negatives,
 //! floats, strings, nulls, lists of layer types, nested `text_config` objects — serialised with
-//! serde_json. The vocabulary is `support::hf`, shared with `tests/kv_proptest.rs`. The parser must never
+//! serde_json. The vocabulary is `support::hf`, shared with `tests/kv_hf_config_proptest.rs`. The parser must never
 //! panic; a returned spec must pass the same `support::kv::check_spec` as in `hf_config_bytes`, and its
 //! layer count must follow `num_hidden_layers` of the section it came from.
 #![no_main]
