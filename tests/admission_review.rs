@@ -27,6 +27,15 @@ fn manual() -> (ManualClock, AdmissionBuilder<ManualClock>) {
     (clock, builder)
 }
 
+/// An admission of 1000 KV tokens that gives each tenant half of them, with alice holding 400 of her 500.
+fn alice_at_400_of_her_500() -> (Admission<ManualClock>, Permit) {
+    let (_clock, builder) = manual();
+    let admission =
+        builder.kv_capacity_tokens(1000).tenant_defaults(TenantLimits::new().kv_share(0.5)).build().unwrap();
+    let held = admission.try_admit(&Request::new(400, 0).tenant("alice")).unwrap();
+    (admission, held)
+}
+
 fn poll_with(fut: &mut Admit, waker: &Waker) -> Poll<Result<Permit, Rejection>> {
     Pin::new(fut).poll(&mut Context::from_waker(waker))
 }
@@ -198,10 +207,7 @@ fn a_waker_that_panics_on_drop_leaks_nothing_and_stops_nothing() {
 /// flows come back only when their tenant releases something.
 #[test]
 fn growing_the_kv_budget_admits_waiters_parked_on_their_share() {
-    let (_clock, builder) = manual();
-    let admission =
-        builder.kv_capacity_tokens(1000).tenant_defaults(TenantLimits::new().kv_share(0.5)).build().unwrap();
-    let _held = admission.try_admit(&Request::new(400, 0).tenant("alice")).unwrap();
+    let (admission, _held) = alice_at_400_of_her_500();
     let mut waiting = admission.admit(&Request::new(200, 0).tenant("alice"));
     assert!(poll(&mut waiting).is_pending(), "400 + 200 is over alice's share of 500");
     admission.set_kv_capacity(2000).unwrap(); // alice's share is 1000 now
@@ -223,10 +229,7 @@ fn growing_the_kv_budget_admits_waiters_parked_on_their_share() {
 /// bits). The same request through `try_admit` is refused, as documented.
 #[test]
 fn a_tenants_lower_class_admit_does_not_overtake_its_parked_higher_class_waiter() {
-    let (_clock, builder) = manual();
-    let admission =
-        builder.kv_capacity_tokens(1000).tenant_defaults(TenantLimits::new().kv_share(0.5)).build().unwrap();
-    let _held = admission.try_admit(&Request::new(400, 0).tenant("alice")).unwrap();
+    let (admission, _held) = alice_at_400_of_her_500();
     let mut urgent = admission.admit(&Request::new(200, 0).tenant("alice").priority(Priority::Interactive));
     assert!(poll(&mut urgent).is_pending());
     let small = Request::new(50, 0).tenant("alice").priority(Priority::Normal);
@@ -571,10 +574,7 @@ fn a_waker_that_reenters_from_wake_is_served() {
 /// tenant's parked bit: the tenant's later requests are not held back by a waiter that is gone.
 #[test]
 fn a_parked_waiter_ended_by_a_resize_holds_nobody_back() {
-    let (_clock, builder) = manual();
-    let admission =
-        builder.kv_capacity_tokens(1000).tenant_defaults(TenantLimits::new().kv_share(0.5)).build().unwrap();
-    let held = admission.try_admit(&Request::new(400, 0).tenant("alice")).unwrap();
+    let (admission, held) = alice_at_400_of_her_500();
     let mut parked = admission.admit(&Request::new(300, 0).tenant("alice"));
     assert!(poll(&mut parked).is_pending());
     admission.set_kv_capacity(500).unwrap(); // share 250 < 300
@@ -890,10 +890,7 @@ fn conservation_where_everything_meets() {
 /// are cloned outside the lock this instrument no longer holds the lock and the test passes vacuously.)
 #[test]
 fn try_admit_of_a_known_tenant_takes_no_lock() {
-    let (_clock, builder) = manual();
-    let admission =
-        builder.kv_capacity_tokens(1000).tenant_defaults(TenantLimits::new().kv_share(0.5)).build().unwrap();
-    let _hers = admission.try_admit(&Request::new(400, 0).tenant("alice")).unwrap();
+    let (admission, _hers) = alice_at_400_of_her_500();
     let mut parked = admission.admit(&Request::new(200, 0).tenant("alice").priority(Priority::Batch));
     assert!(poll(&mut parked).is_pending(), "400 + 200 is over alice's share of 500");
     let mut big = admission.admit(&Request::new(700, 0)); // waits for global KV
