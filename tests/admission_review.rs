@@ -74,6 +74,17 @@ impl Drop for PanicsOnDrop {
 // waiting room's lock is held"; `wake_list.rs`: "A waker is user code: it may be slow, take locks of its
 // own, re-enter kvgate or panic. The dispatcher therefore never calls one while it holds the lock."
 
+/// An admission of two slots, both taken: one permit for the caller to hold, the other owned by the
+/// returned waker, so that the waker's last drop releases it (user code that re-enters the admission).
+fn full_with_a_reentrant_waker() -> (Admission<ManualClock>, Permit, Waker) {
+    let (_clock, builder) = manual();
+    let admission = builder.max_in_flight(2).build().unwrap();
+    let held = admission.try_admit(&Request::new(1, 1)).unwrap();
+    let owned = admission.try_admit(&Request::new(1, 1)).unwrap();
+    let waker = Waker::from(Arc::new(OwnsAPermit(Mutex::new(Some(owned)))));
+    (admission, held, waker)
+}
+
 /// Cancelling a queued `Admit` drops the waker it registered while the room's lock is held
 /// (`Dispatcher::cancel`: `let _ = room.leave(..)` drops the returned wake-up inside the critical
 /// section). A waker whose drop re-enters the admission — here it releases a permit, whose drop runs a
@@ -83,12 +94,8 @@ fn cancelling_a_waiter_drops_its_waker_outside_the_lock() {
     // The whole scenario runs on the watchdog's thread: on a deadlock only that thread is stuck (the test
     // thread must not drop the admission's permits, which would block on the same lock).
     within(Duration::from_secs(20), "dropping a queued Admit whose waker re-enters", || {
-        let (_clock, builder) = manual();
-        let admission = builder.max_in_flight(2).build().unwrap();
-        let _held = admission.try_admit(&Request::new(1, 1)).unwrap();
-        let owned = admission.try_admit(&Request::new(1, 1)).unwrap();
+        let (admission, _held, waker) = full_with_a_reentrant_waker();
         let mut first = admission.admit(&Request::new(1, 1));
-        let waker = Waker::from(Arc::new(OwnsAPermit(Mutex::new(Some(owned)))));
         assert!(poll_with(&mut first, &waker).is_pending());
         drop(waker); // the room's copy is now the last reference
         let mut second = admission.admit(&Request::new(1, 1));
@@ -104,12 +111,8 @@ fn cancelling_a_waiter_drops_its_waker_outside_the_lock() {
 #[test]
 fn repolling_with_a_new_waker_drops_the_old_one_outside_the_lock() {
     within(Duration::from_secs(20), "re-polling with another waker", || {
-        let (_clock, builder) = manual();
-        let admission = builder.max_in_flight(2).build().unwrap();
-        let _held = admission.try_admit(&Request::new(1, 1)).unwrap();
-        let owned = admission.try_admit(&Request::new(1, 1)).unwrap();
+        let (admission, _held, waker) = full_with_a_reentrant_waker();
         let mut waiting = admission.admit(&Request::new(1, 1));
-        let waker = Waker::from(Arc::new(OwnsAPermit(Mutex::new(Some(owned)))));
         assert!(poll_with(&mut waiting, &waker).is_pending());
         drop(waker);
         let _ = poll(&mut waiting);
