@@ -8,9 +8,8 @@ use governor::{Quota, RateLimiter};
 use kvgate::{Admission, Request};
 use std::hint::black_box;
 use std::num::NonZeroU32;
-use std::sync::{Arc, Barrier};
-use std::thread;
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::Semaphore;
 
 const PROMPT: u32 = 512;
@@ -104,22 +103,7 @@ fn contended(c: &mut Criterion) {
 
 /// Runs `op` `iters` times on each of two threads started together; returns the mean of their times.
 fn run_pair(iters: u64, op: impl Fn() + Send + Clone + 'static) -> Duration {
-    let barrier = Arc::new(Barrier::new(2));
-    let workers: Vec<_> = (0..2)
-        .map(|_| {
-            let (barrier, op) = (Arc::clone(&barrier), op.clone());
-            thread::spawn(move || {
-                barrier.wait();
-                let start = Instant::now();
-                for _ in 0..iters {
-                    op();
-                }
-                start.elapsed()
-            })
-        })
-        .collect();
-    let total: Duration = workers.into_iter().map(|w| w.join().unwrap()).sum();
-    total / 2
+    support::time_on_two_threads(iters, op).into_iter().sum::<Duration>() / 2
 }
 
 /// Per-tenant limits: a request of a tenant already tracked (1,000 tenants in rotation) and of a tenant

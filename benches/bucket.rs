@@ -8,8 +8,7 @@ use governor::{Quota, RateLimiter};
 use kvgate::bucket::TokenBucket;
 use std::hint::black_box;
 use std::num::NonZeroU32;
-use std::sync::{Arc, Barrier};
-use std::thread;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const BURST: u32 = u32::MAX;
@@ -71,24 +70,10 @@ fn single_thread(c: &mut Criterion) {
     group.finish();
 }
 
-/// Time per operation with two threads acquiring from the same limiter at once.
-fn contended<F: Fn() + Send + Sync + 'static>(op: Arc<F>, iters: u64) -> Duration {
-    let barrier = Arc::new(Barrier::new(2));
-    let handles: Vec<_> = (0..2)
-        .map(|_| {
-            let (op, barrier) = (Arc::clone(&op), Arc::clone(&barrier));
-            thread::spawn(move || {
-                barrier.wait();
-                let start = Instant::now();
-                for _ in 0..iters {
-                    op();
-                }
-                start.elapsed()
-            })
-        })
-        .collect();
-    // Report the slower thread's time per its own iterations (both run `iters`).
-    handles.into_iter().map(|h| h.join().unwrap()).max().unwrap()
+/// Time per operation with two threads acquiring from the same limiter at once: the slower thread's time
+/// for its own iterations (both run `iters`).
+fn contended(iters: u64, op: impl Fn() + Send + Clone + 'static) -> Duration {
+    support::time_on_two_threads(iters, op).into_iter().max().unwrap_or_default()
 }
 
 fn two_threads(c: &mut Criterion) {
@@ -97,36 +82,27 @@ fn two_threads(c: &mut Criterion) {
     group.bench_function("kvgate try_acquire(1)", |b| {
         b.iter_custom(|iters| {
             let kv = Arc::clone(&kv);
-            contended(
-                Arc::new(move || {
-                    let _ = black_box(kv.try_acquire(1));
-                }),
-                iters,
-            )
+            contended(iters, move || {
+                let _ = black_box(kv.try_acquire(1));
+            })
         })
     });
     let kv = Arc::new(kv_std_clock());
     group.bench_function("kvgate try_acquire(1) std Instant clock", |b| {
         b.iter_custom(|iters| {
             let kv = Arc::clone(&kv);
-            contended(
-                Arc::new(move || {
-                    let _ = black_box(kv.try_acquire(1));
-                }),
-                iters,
-            )
+            contended(iters, move || {
+                let _ = black_box(kv.try_acquire(1));
+            })
         })
     });
     let g = Arc::new(gov());
     group.bench_function("governor check()", |b| {
         b.iter_custom(|iters| {
             let g = Arc::clone(&g);
-            contended(
-                Arc::new(move || {
-                    let _ = black_box(g.check());
-                }),
-                iters,
-            )
+            contended(iters, move || {
+                let _ = black_box(g.check());
+            })
         })
     });
     group.finish();

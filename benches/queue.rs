@@ -20,35 +20,29 @@ trait Queue: Sync + Sized {
     fn try_pop(&self) -> Option<u64>;
 }
 
-impl Queue for BoundedQueue<u64> {
-    const NAME: &'static str = "kvgate::BoundedQueue";
-    fn bounded(cap: usize) -> Self {
-        BoundedQueue::new(cap)
-    }
-    #[inline]
-    fn try_push(&self, v: u64) -> Result<(), u64> {
-        self.push(v)
-    }
-    #[inline]
-    fn try_pop(&self) -> Option<u64> {
-        self.pop()
-    }
+/// `BoundedQueue` has the API of crossbeam's `ArrayQueue` (`new`, `push -> Result<(), T>`, `pop`), so one
+/// implementation serves both: if the APIs drifted apart, this would stop compiling.
+macro_rules! array_queue_api {
+    ($queue:ty, $name:literal) => {
+        impl Queue for $queue {
+            const NAME: &'static str = $name;
+            fn bounded(cap: usize) -> Self {
+                <$queue>::new(cap)
+            }
+            #[inline]
+            fn try_push(&self, v: u64) -> Result<(), u64> {
+                self.push(v)
+            }
+            #[inline]
+            fn try_pop(&self) -> Option<u64> {
+                self.pop()
+            }
+        }
+    };
 }
 
-impl Queue for crossbeam_queue::ArrayQueue<u64> {
-    const NAME: &'static str = "crossbeam::ArrayQueue";
-    fn bounded(cap: usize) -> Self {
-        crossbeam_queue::ArrayQueue::new(cap)
-    }
-    #[inline]
-    fn try_push(&self, v: u64) -> Result<(), u64> {
-        self.push(v)
-    }
-    #[inline]
-    fn try_pop(&self) -> Option<u64> {
-        self.pop()
-    }
-}
+array_queue_api!(BoundedQueue<u64>, "kvgate::BoundedQueue");
+array_queue_api!(crossbeam_queue::ArrayQueue<u64>, "crossbeam::ArrayQueue");
 
 impl Queue for concurrent_queue::ConcurrentQueue<u64> {
     const NAME: &'static str = "concurrent_queue::bounded";

@@ -11,7 +11,7 @@
 
 use std::process::ExitCode;
 
-use kvgate::kv::{Engine, GpuPlan, KvDtype, LayerKind, ModelSpec};
+use kvgate::kv::{Engine, GpuPlan, KvDtype, LayerKind, ModelSpec, WeightDtype};
 
 const HELP: &str = "\
 capacity: KV-cache bytes per sequence and concurrent sequences for a model on a GPU
@@ -50,7 +50,7 @@ struct Args {
     config: Option<String>,
     gpu: String,
     kv_dtype: KvDtype,
-    weight_dtype: KvDtype,
+    weight_dtype: WeightDtype,
     weight_gb: Option<f64>,
     context: Option<u64>,
     avg_context: Option<u64>,
@@ -74,7 +74,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Option<Args>, Stri
         config: None,
         gpu: String::new(),
         kv_dtype: KvDtype::Bf16,
-        weight_dtype: KvDtype::Bf16,
+        weight_dtype: WeightDtype::Bf16,
         weight_gb: None,
         context: None,
         avg_context: None,

@@ -18,7 +18,7 @@
 
 use kvgate::TenantLimits;
 use kvgate::clock::{Clock, MonotonicClock};
-use kvgate::kv::{GpuPlan, KvDtype, ModelSpec};
+use kvgate::kv::{GpuPlan, ModelSpec, WeightDtype};
 use kvgate::sim::{
     Arrivals, ClientPolicy, EngineConfig, GateSpec, HeavyUser, Profile, Report, RetryKind, Scenario, Workload, plot,
 };
@@ -92,7 +92,7 @@ fn base(args: &Args) -> Result<(Scenario, f64), String> {
         .gpu("h100-80")
         .build()
         .map_err(|e| e.to_string())?;
-    let engine = EngineConfig::for_plan(&plan, KvDtype::Bf16).map_err(|e| e.to_string())?;
+    let engine = EngineConfig::for_plan(&plan, WeightDtype::Bf16).map_err(|e| e.to_string())?;
     let workload = Workload::chat(Arrivals::Poisson { rate: 1.0, profile: Profile::Flat, tenants: 200 });
     let mut scenario = Scenario::new(plan, engine, workload);
     scenario.seed = args.seed;

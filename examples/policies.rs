@@ -17,7 +17,7 @@
 
 use kvgate::clock::{Clock, ManualClock, MonotonicClock};
 use kvgate::feedback::FeedbackConfig;
-use kvgate::kv::{GpuPlan, KvDtype, ModelSpec};
+use kvgate::kv::{GpuPlan, ModelSpec, WeightDtype};
 use kvgate::sim::{
     AdmissionGate, AdmissionSpec, Arrivals, EngineConfig, EngineStatus, Entry, FeedbackSetup, Gate, GateSpec, Pricing,
     Profile, Report, Scenario, plot, plot::Panel,
@@ -78,7 +78,7 @@ fn usage(message: &str) -> ExitCode {
 
 fn h100() -> Result<(GpuPlan, EngineConfig), ConfigError> {
     let plan = GpuPlan::builder(ModelSpec::preset("llama-3.1-8b")?).gpu("h100-80").build()?;
-    let engine = EngineConfig::for_plan(&plan, KvDtype::Bf16)?;
+    let engine = EngineConfig::for_plan(&plan, WeightDtype::Bf16)?;
     Ok((plan, engine))
 }
 
@@ -195,7 +195,7 @@ fn run(seed: u64, out: Option<PathBuf>) -> Result<(), String> {
         .gpu("l4")
         .build()
         .map_err(|e| e.to_string())?;
-    let l4_engine = EngineConfig::for_plan(&l4_plan, KvDtype::Bf16).map_err(|e| e.to_string())?;
+    let l4_engine = EngineConfig::for_plan(&l4_plan, WeightDtype::Bf16).map_err(|e| e.to_string())?;
     let cases = [
         (Scenario::overloaded(plan.clone(), engine.clone(), 2.0, Duration::from_secs(600)), wrong, "h100 budget 1.5x"),
         (

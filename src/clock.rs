@@ -8,10 +8,11 @@
 
 use std::fmt::Debug;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 #[cfg(not(feature = "quanta"))]
 use std::time::Instant;
+
+use crate::sync::{AtomicU64, Ordering};
 
 /// A source of monotonic time in nanoseconds.
 ///
@@ -112,7 +113,10 @@ impl Clock for MonotonicClock {
 
 /// A clock that moves only when told to: for tests, simulations and replaying traces.
 ///
-/// Clones share the same time, so a test can keep one handle and give another to the limiter.
+/// Clones share the same time, so a test can keep one handle and give another to the limiter. The time is
+/// one atomic from the crate's `sync` shim, so that under `--cfg loom` the models see a clock moved by one
+/// thread and read by another like any other shared state (a `ManualClock` is then created inside the
+/// model, as every loom value is).
 ///
 /// # Examples
 ///

@@ -58,10 +58,24 @@
 //! As in Vyukov's design, a pop that reaches a slot whose push has claimed the position but not yet stored
 //! the value waits (spinning, then yielding) for that push to finish; the same holds for a push behind a
 //! slow pop. No operation allocates.
+//!
+//! # Changing this file
+//!
+//! - `push` and `force_push` share one claim loop (`push_or_else`) and differ only in what they do with a
+//!   slot still full from the previous lap: `push` refuses if the queue is full, `force_push` displaces the
+//!   oldest item. A change to claiming is a change to both; the loom models in `tests/queue_loom.rs` drive
+//!   both against `pop`.
+//! - A thread touches a slot's value only inside a claim (invariant 3), and every `unsafe` block says which
+//!   claim makes it sound; an access outside a claim is a data race that loom reports.
+//! - Every ordering above has its reason next to it; weaken one only with a loom model that shows why the
+//!   weaker one still suffices.
+//! - Spinning goes through `SpinWait`, which spins once (a loom yield) under `cfg(loom)` so that the models
+//!   stay small.
 
 use std::fmt;
 use std::iter::FusedIterator;
 use std::mem::MaybeUninit;
+use std::ops::ControlFlow;
 use std::panic::{RefUnwindSafe, UnwindSafe};
 
 use crate::sync::{AtomicUsize, CachePadded, Ordering, UnsafeCell, fence, spin_loop, yield_now};
@@ -164,42 +178,18 @@ impl<T> BoundedQueue<T> {
     /// assert_eq!(q.push(20), Err(20));
     /// ```
     pub fn push(&self, value: T) -> Result<(), T> {
-        let mut backoff = Backoff::new();
-        let mut tail = self.tail.load(Ordering::Relaxed);
-        loop {
-            let slot = self.slot(tail);
-            let stamp = slot.stamp.load(Ordering::Acquire);
-            if stamp == tail {
-                // The slot is empty for this lap: try to claim the position.
-                match self.tail.compare_exchange_weak(tail, self.advance(tail), Ordering::SeqCst, Ordering::Relaxed) {
-                    Ok(_) => {
-                        // SAFETY: winning the CAS claimed tail position `tail`, whose slot's stamp is `tail`
-                        // (empty): by invariant 3 no other thread touches the value until we store the new
-                        // stamp, and the slot holds no initialised value that could be overwritten.
-                        unsafe { self.fill(slot, tail, value) };
-                        return Ok(());
-                    }
-                    Err(current) => {
-                        tail = current;
-                        backoff.spin();
-                    }
-                }
-            } else if stamp.wrapping_add(self.one_lap) == tail.wrapping_add(1) {
-                // The slot still holds the value pushed one lap ago.
-                fence(Ordering::SeqCst);
-                let head = self.head.load(Ordering::Relaxed);
-                if head.wrapping_add(self.one_lap) == tail {
-                    return Err(value);
-                }
-                // A pop of that value is in progress, or `tail` is stale.
-                backoff.snooze();
-                tail = self.tail.load(Ordering::Relaxed);
+        self.push_or_else(value, Ok(()), |value, tail, _| {
+            // The slot still holds the value pushed one lap ago: full, unless a pop of that value is in
+            // progress or `tail` is stale. The fence keeps the `head` read from being older than any
+            // counter CAS before it (see the module docs).
+            fence(Ordering::SeqCst);
+            let head = self.head.load(Ordering::Relaxed);
+            if head.wrapping_add(self.one_lap) == tail {
+                ControlFlow::Break(Err(value))
             } else {
-                // `tail` is stale: another push already used this position.
-                backoff.snooze();
-                tail = self.tail.load(Ordering::Relaxed);
+                ControlFlow::Continue(value)
             }
-        }
+        })
     }
 
     /// Appends `value` at the back; if the queue is full, first removes the front (oldest) item and returns
@@ -222,51 +212,74 @@ impl<T> BoundedQueue<T> {
     /// assert_eq!(q.pop(), Some(3));
     /// ```
     pub fn force_push(&self, value: T) -> Option<T> {
-        let mut backoff = Backoff::new();
+        self.push_or_else(value, None, |value, tail, slot| {
+            // No fence needed here: the CAS below reads the latest `head` whatever the ordering.
+            let head = tail.wrapping_sub(self.one_lap);
+            // If `head` is still one lap behind `tail`, the queue is full and this slot holds its oldest
+            // item. Claim that item the way a pop would: by moving `head` past it. Exactly one of us and
+            // the concurrent pops can win this CAS.
+            if self.head.compare_exchange_weak(head, self.advance(head), Ordering::SeqCst, Ordering::Relaxed).is_err() {
+                // Not full after all (a pop moved `head`), or `tail` is stale: retry.
+                return ControlFlow::Continue(value);
+            }
+            // Nobody else can move `tail` now: a push needs this slot's stamp to equal `tail`, which only
+            // happens after the value we just claimed is consumed, and we own that consumption.
+            self.tail.store(self.advance(tail), Ordering::SeqCst);
+            // SAFETY: the won `head` CAS claimed head position `head`, whose slot is full (its stamp is
+            // `head + 1`, checked by the claim loop with Acquire, so the value's write happened-before this
+            // read); by invariant 3 the value is ours until we publish a new stamp. We replace it in place
+            // and republish the slot as full for position `tail`.
+            let old = slot.value.with_mut(|p| unsafe { p.replace(MaybeUninit::new(value)) });
+            slot.stamp.store(tail.wrapping_add(1), Ordering::Release);
+            // SAFETY: the slot was full (stamp `head + 1`), so `old` was initialised.
+            ControlFlow::Break(Some(unsafe { old.assume_init() }))
+        })
+    }
+
+    /// The claim loop of [`push`](Self::push) and [`force_push`](Self::force_push): claims the next tail
+    /// position whose slot is empty for this lap and fills it, returning `pushed`; or, when that slot still
+    /// holds the value pushed one lap earlier, lets `when_full` decide. `when_full` gets the value back, the
+    /// tail position and its slot, and either ends the push with its own result (`Break`) or hands the
+    /// value back to retry from a fresh `tail` (`Continue`). The two callers differ only there: `push`
+    /// refuses when the queue really is full, `force_push` displaces the oldest item.
+    #[inline(always)]
+    fn push_or_else<R>(
+        &self,
+        mut value: T,
+        pushed: R,
+        when_full: impl Fn(T, usize, &Slot<T>) -> ControlFlow<R, T>,
+    ) -> R {
+        let mut spin = SpinWait::new();
         let mut tail = self.tail.load(Ordering::Relaxed);
         loop {
             let slot = self.slot(tail);
             let stamp = slot.stamp.load(Ordering::Acquire);
             if stamp == tail {
+                // The slot is empty for this lap: try to claim the position.
                 match self.tail.compare_exchange_weak(tail, self.advance(tail), Ordering::SeqCst, Ordering::Relaxed) {
                     Ok(_) => {
-                        // SAFETY: as in `push`: the won CAS gives us exclusive access to an empty slot.
+                        // SAFETY: winning the CAS claimed tail position `tail`, whose slot's stamp is `tail`
+                        // (empty): by invariant 3 no other thread touches the value until we store the new
+                        // stamp, and the slot holds no initialised value that could be overwritten.
                         unsafe { self.fill(slot, tail, value) };
-                        return None;
+                        return pushed;
                     }
                     Err(current) => {
                         tail = current;
-                        backoff.spin();
+                        spin.spin();
                     }
                 }
             } else if stamp.wrapping_add(self.one_lap) == tail.wrapping_add(1) {
-                // No fence needed here: the CAS below reads the latest `head` whatever the ordering.
-                let head = tail.wrapping_sub(self.one_lap);
-                // If `head` is still one lap behind `tail`, the queue is full and this slot holds its oldest
-                // item. Claim that item the way a pop would: by moving `head` past it. Exactly one of us and
-                // the concurrent pops can win this CAS.
-                if self
-                    .head
-                    .compare_exchange_weak(head, self.advance(head), Ordering::SeqCst, Ordering::Relaxed)
-                    .is_ok()
-                {
-                    // Nobody else can move `tail` now: a push needs this slot's stamp to equal `tail`, which
-                    // only happens after the value we just claimed is consumed, and we own that consumption.
-                    self.tail.store(self.advance(tail), Ordering::SeqCst);
-                    // SAFETY: the won `head` CAS claimed head position `head`, whose slot is full (its stamp
-                    // is `head + 1`, checked above with Acquire, so the value's write happened-before this
-                    // read); by invariant 3 the value is ours until we publish a new stamp. We replace it in
-                    // place and republish the slot as full for position `tail`.
-                    let old = slot.value.with_mut(|p| unsafe { p.replace(MaybeUninit::new(value)) });
-                    slot.stamp.store(tail.wrapping_add(1), Ordering::Release);
-                    // SAFETY: the slot was full (stamp `head + 1`), so `old` was initialised.
-                    return Some(unsafe { old.assume_init() });
+                // The slot still holds the value pushed one lap ago.
+                match when_full(value, tail, slot) {
+                    ControlFlow::Break(result) => return result,
+                    ControlFlow::Continue(back) => value = back,
                 }
-                // Not full after all (a pop moved `head`), or `tail` is stale: retry.
-                backoff.snooze();
+                spin.snooze();
                 tail = self.tail.load(Ordering::Relaxed);
             } else {
-                backoff.snooze();
+                // `tail` is stale: another push already used this position.
+                spin.snooze();
                 tail = self.tail.load(Ordering::Relaxed);
             }
         }
@@ -285,7 +298,7 @@ impl<T> BoundedQueue<T> {
     /// assert_eq!(q.pop(), None);
     /// ```
     pub fn pop(&self) -> Option<T> {
-        let mut backoff = Backoff::new();
+        let mut spin = SpinWait::new();
         let mut head = self.head.load(Ordering::Relaxed);
         loop {
             let slot = self.slot(head);
@@ -303,7 +316,7 @@ impl<T> BoundedQueue<T> {
                     }
                     Err(current) => {
                         head = current;
-                        backoff.spin();
+                        spin.spin();
                     }
                 }
             } else if stamp == head {
@@ -314,11 +327,11 @@ impl<T> BoundedQueue<T> {
                     return None;
                 }
                 // A push has claimed the slot but not stored its value yet, or `head` is stale.
-                backoff.snooze();
+                spin.snooze();
                 head = self.head.load(Ordering::Relaxed);
             } else {
                 // `head` is stale: another pop already used this position.
-                backoff.snooze();
+                spin.snooze();
                 head = self.head.load(Ordering::Relaxed);
             }
         }
@@ -540,11 +553,11 @@ impl<T> fmt::Debug for IntoIter<T> {
 }
 
 /// Waiting strategy for contended or in-progress slots: spin with growing pauses, then yield the thread.
-struct Backoff {
+struct SpinWait {
     step: u32,
 }
 
-impl Backoff {
+impl SpinWait {
     /// After this many doublings of the pause, yield to the scheduler instead of spinning.
     const YIELD_AFTER: u32 = 6;
 

@@ -1,14 +1,38 @@
 //! The one place where kvgate chooses between `std` and [loom] synchronisation primitives.
 //!
 //! Every concurrent module imports its atomics, cells, mutexes, read-write locks, condition variables and
-//! spin hints from here, never from `std` or `parking_lot` directly. Under `RUSTFLAGS="--cfg loom"` the same code is compiled against loom's instrumented types so
-//! the loom models in `tests/loom_*.rs` explore every interleaving of the real implementation.
-//!
-//! `Arc` stays `std`'s everywhere: reference counts are not what the models check, and loom's `Arc`
-//! cannot be coerced to a trait object, which permits and waiting futures rely on.
+//! spin hints from here, never from `std` or `parking_lot` directly. Under `RUSTFLAGS="--cfg loom"` the
+//! same code is compiled against loom's instrumented types, so the loom models in `tests/*_loom.rs`
+//! explore every interleaving of the real implementation: the queue's stamps and counters, the token
+//! bucket's `tat` and seqlock, the admission's gauges, waiters and waiting room, the tenant registry's
+//! read-write locks and tenant count, and [`ManualClock`](crate::clock::ManualClock)'s time.
 //!
 //! This module contains no logic beyond adapting the two APIs to one shape: `std`'s `UnsafeCell` is
-//! wrapped so that it offers loom's closure-based `with` / `with_mut` accessors.
+//! wrapped so that it offers loom's closure-based `with` / `with_mut` accessors, and [`lock`], [`read`]
+//! and [`write`] take a lock the same way whether it returns a guard (`parking_lot`) or a `LockResult`
+//! (loom).
+//!
+//! # Outside loom's view, on purpose
+//!
+//! - `Arc` stays `std`'s everywhere: reference counts are not what the models check, and loom's `Arc`
+//!   cannot be coerced to a trait object, which permits and waiting futures rely on.
+//! - Two process-wide counters are `static`s, which need a `const` constructor that loom's atomics lack:
+//!   the one that seeds [`SplitMix64::from_entropy`](crate::retry::SplitMix64::from_entropy) and the one
+//!   that numbers threads for the admission's striped counters (`admission/stats.rs`, compiled out under
+//!   loom). Each is a single `fetch_add` whose value is only a seed or a stripe index: every value it can
+//!   return is correct, so no interleaving can make it wrong.
+//! - The deadline thread's `Condvar` (`admission/dispatcher/timer.rs`) is compiled out under loom, where
+//!   deadlines end on polls and `expire_waiters`; the thread is covered by the waiting tests instead
+//!   (`tests/waiting.rs`, `tests/fault_injection.rs`).
+//! - [`MonotonicClock`](crate::clock::MonotonicClock) holds no shared state of ours (it reads the TSC or
+//!   `Instant`).
+//! - The simulation lab (`sim`, a feature) drives everything from one thread; the `parking_lot::Mutex`
+//!   around its list of woken waiters exists only because a `Waker` must be `Send + Sync`, and there is no
+//!   second thread for loom to interleave. Its determinism is checked by the lab's own tests (same seed,
+//!   same report).
+//!
+//! A new structure either imports from here or is added to this list with the reason and the tests that
+//! prove it instead.
 //!
 //! [loom]: https://docs.rs/loom
 

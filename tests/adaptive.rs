@@ -347,7 +347,7 @@ fn run(steps: &[Step], config: &AdaptiveConfig) -> Result<Vec<Decision>, TestCas
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+    #![proptest_config(support::proptest_config(64))]
 
     #[test]
     fn random_runs_keep_the_limit_in_bounds_and_the_pace(

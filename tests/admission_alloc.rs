@@ -47,16 +47,19 @@ static GLOBAL: Counting = Counting;
 /// The counter is shared: the tests that count take turns.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-#[test]
-fn try_admit_and_drop_allocate_nothing() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let admission = Admission::builder()
+/// Four slots, a KV budget and both global rates, all far from their limits.
+fn four_slots_every_limit() -> kvgate::AdmissionBuilder {
+    Admission::builder()
         .max_in_flight(4)
         .kv_capacity_tokens(1 << 20)
         .request_rate(1e9, 1_000_000)
         .token_rate(1e9, 1 << 40)
-        .build()
-        .unwrap();
+}
+
+#[test]
+fn try_admit_and_drop_allocate_nothing() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let admission = four_slots_every_limit().build().unwrap();
     let request = Request::new(512, 256);
     // Warm-up: first use of thread-locals, lazy statics, the clock.
     for _ in 0..100 {
@@ -96,11 +99,7 @@ fn known_tenants_and_waiters_allocate_nothing() {
     use std::task::Context;
 
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let admission = Admission::builder()
-        .max_in_flight(4)
-        .kv_capacity_tokens(1 << 20)
-        .request_rate(1e9, 1_000_000)
-        .token_rate(1e9, 1 << 40)
+    let admission = four_slots_every_limit()
         .queue_capacity(64)
         .tenant_defaults(TenantLimits::new().max_in_flight(2).kv_share(0.5).token_rate(1e9, 1 << 40))
         .build()

@@ -2,17 +2,11 @@
 //! miss it, never waits past it, and leaves early once it can no longer make it.
 #![cfg(not(loom))]
 
-use futures::task::noop_waker_ref;
 use kvgate::clock::ManualClock;
-use kvgate::{Admission, Admit, Permit, Rejection, Request};
-use std::future::Future;
-use std::pin::Pin;
-use std::task::{Context, Poll};
+use kvgate::{Admission, Admit, Rejection, Request};
+use std::task::Poll;
 use std::time::Duration;
-
-fn poll(fut: &mut Admit) -> Poll<Result<Permit, Rejection>> {
-    Pin::new(fut).poll(&mut Context::from_waker(noop_waker_ref()))
-}
+use support::admission::poll_once as poll;
 
 /// The rejection a poll resolved to (`None` while pending).
 fn refused(fut: &mut Admit) -> Option<Rejection> {

@@ -3,7 +3,6 @@
 //! core before its fix.
 #![cfg(not(loom))]
 
-use futures::task::noop_waker_ref;
 use kvgate::clock::{Clock, ManualClock};
 use kvgate::{Admission, Admit, Limit, Priority, Rejection, Request, TenantLimits};
 use std::future::Future;
@@ -13,16 +12,12 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 use std::thread;
 use std::time::Duration;
+use support::admission::poll_once as poll;
 
 fn manual() -> (ManualClock, kvgate::AdmissionBuilder<ManualClock>) {
     let clock = ManualClock::starting_at(1_000_000_000);
     let builder = Admission::builder().deadline_timer(false).clock(clock.clone());
     (clock, builder)
-}
-
-/// Polls once with a no-op waker.
-fn poll(fut: &mut Admit) -> Poll<Result<kvgate::Permit, Rejection>> {
-    Pin::new(fut).poll(&mut Context::from_waker(noop_waker_ref()))
 }
 
 /// Polls once with `waker`.

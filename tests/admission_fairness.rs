@@ -2,16 +2,10 @@
 //! backlogged tenants is bounded by one request's charge; weights, lifting from idle, completion refunds.
 #![cfg(not(loom))]
 
-use futures::task::noop_waker_ref;
 use kvgate::{Admission, Admit, Fairness, Permit, Request, TenantLimits};
 use proptest::prelude::*;
-use std::future::Future;
-use std::pin::Pin;
-use std::task::{Context, Poll};
-
-fn poll(fut: &mut Admit) -> Poll<Result<Permit, kvgate::Rejection>> {
-    Pin::new(fut).poll(&mut Context::from_waker(noop_waker_ref()))
-}
+use std::task::Poll;
+use support::admission::poll_once as poll;
 
 /// One slot; `waiting` holds (tenant index, future). Drops `held` and returns the tenant of the one waiter
 /// granted next, with its permit.
@@ -26,6 +20,17 @@ fn next_grant(held: &mut Option<Permit>, waiting: &mut Vec<(usize, Admit)>) -> O
     }
     let (i, permit) = granted?;
     Some((waiting.remove(i).0, permit))
+}
+
+/// One slot, room for 1,000 waiters, token fairness charging prompt and output alike, every tenant tracked.
+fn one_slot_token_fair() -> Admission {
+    Admission::builder()
+        .max_in_flight(1)
+        .queue_capacity(1_000)
+        .fairness(Fairness::Tokens { prompt_weight: 1, output_weight: 1 })
+        .tenant_defaults(TenantLimits::new())
+        .build()
+        .unwrap()
 }
 
 /// Serves backlogged tenants one request at a time; checks the bound at every grant while all are
@@ -117,13 +122,7 @@ fn weights_divide_the_tokens() {
 
 #[test]
 fn a_tenant_back_from_idle_cannot_spend_banked_credit() {
-    let admission = Admission::builder()
-        .max_in_flight(1)
-        .queue_capacity(1_000)
-        .fairness(Fairness::Tokens { prompt_weight: 1, output_weight: 1 })
-        .tenant_defaults(TenantLimits::new())
-        .build()
-        .unwrap();
+    let admission = one_slot_token_fair();
     let mut held = Some(admission.try_admit(&Request::new(1, 0)).unwrap());
     let mut waiting = Vec::new();
     // A and B are served for a long while; C is idle.
@@ -157,13 +156,7 @@ fn a_tenant_back_from_idle_cannot_spend_banked_credit() {
 
 #[test]
 fn completions_refund_the_output_not_produced() {
-    let admission = Admission::builder()
-        .max_in_flight(1)
-        .queue_capacity(1_000)
-        .fairness(Fairness::Tokens { prompt_weight: 1, output_weight: 1 })
-        .tenant_defaults(TenantLimits::new())
-        .build()
-        .unwrap();
+    let admission = one_slot_token_fair();
     let held = admission.try_admit(&Request::new(1, 0)).unwrap();
     let mut waiting = Vec::new();
     // Both ask for 900 output tokens; A uses 100 of them, B all. A is charged 200 per request, B 1,000.
@@ -189,7 +182,7 @@ fn completions_refund_the_output_not_produced() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(if cfg!(miri) { 2 } else { 48 }))]
+    #![proptest_config(support::proptest_config(48))]
 
     /// The bound holds for random sizes and weights, three tenants.
     #[test]

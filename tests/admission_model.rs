@@ -1,23 +1,14 @@
 //! Model-based test of the whole admission: random sequences of try_admit / admit (polled by hand) / poll /
 //! cancel / drop / complete / advance (with and without expiry) / resize / close, with tenants (caps, KV
 //! shares, tenant-only token rates, weights), against the exact sequential model in
-//! `support/admission_model.rs`. After every step every outcome equals the model's, and so do every gauge
+//! `support/src/admission.rs`. After every step every outcome equals the model's, and so do every gauge
 //! and bucket, globally and per tenant (conservation); at the end everything is back to zero.
 //!
 //! `PROPTEST_CASES=20000 cargo test --release --test admission_model` for a longer run.
 #![cfg(not(loom))]
 
-#[path = "support/admission_model.rs"]
-mod admission_model;
-
-use admission_model::{Config, Harness, Op, Req, TENANTS};
 use proptest::prelude::*;
-
-/// 512 cases (4 under miri), or `PROPTEST_CASES`.
-fn cases() -> u32 {
-    let default = if cfg!(miri) { 4 } else { 512 };
-    std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
+use support::admission::{Config, Harness, Op, Req, TENANTS};
 
 fn req() -> impl Strategy<Value = Req> {
     (
@@ -77,7 +68,8 @@ fn config() -> impl Strategy<Value = Config> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(cases()))]
+    // 512 cases (4 under miri), or `PROPTEST_CASES`.
+    #![proptest_config(support::proptest_config(512))]
 
     #[test]
     fn admission_matches_the_sequential_model(cfg in config(), ops in prop::collection::vec(op(), 1..200)) {

@@ -96,7 +96,7 @@ fn kind(r: &Rejection) -> &'static str {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(if cfg!(miri) { 4 } else { 256 }))]
+    #![proptest_config(support::proptest_config(256))]
 
     #[test]
     fn admission_matches_sequential_model(

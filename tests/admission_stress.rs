@@ -2,20 +2,10 @@
 //! observed snapshot exceeds a limit; at the end everything taken was returned.
 #![cfg(not(loom))]
 
+use kvgate::retry::SplitMix64;
 use kvgate::{Admission, Priority, Rejection, Request};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-
-/// A tiny deterministic generator (xorshift64*), one per thread.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-}
 
 #[test]
 fn conservation_under_threads() {
@@ -49,11 +39,11 @@ fn conservation_under_threads() {
         .map(|t| {
             let a = admission.clone();
             std::thread::spawn(move || {
-                let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ (t as u64 + 1));
+                let mut rng = SplitMix64::new(0x9E37_79B9_7F4A_7C15 ^ (t as u64 + 1)); // deterministic, one per thread
                 let mut held = Vec::new();
                 let mut admitted = 0u64;
                 for _ in 0..ops {
-                    let r = rng.next();
+                    let r = rng.next_u64();
                     match r % 8 {
                         0..=3 => {
                             let request = Request::new((r >> 8) as u32 % 700, (r >> 20) as u32 % 300)

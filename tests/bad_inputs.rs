@@ -11,22 +11,9 @@ use kvgate::clock::ManualClock;
 use kvgate::kv::{GpuPlan, KvDtype, ModelSpec};
 use kvgate::queue::BoundedQueue;
 use kvgate::{Admission, ConfigError, Limit, Rejection, Request};
-use std::sync::mpsc;
 use std::time::Duration;
-
-/// Runs `f` on its own thread and fails the test if it does not return within `limit` (a hang or an
-/// absurdly slow path). The thread is left behind on failure; the test process ends anyway.
-fn within<T: Send + 'static>(limit: Duration, what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    match rx.recv_timeout(limit) {
-        Ok(value) => value,
-        Err(mpsc::RecvTimeoutError::Timeout) => panic!("{what}: no answer within {limit:?}"),
-        Err(mpsc::RecvTimeoutError::Disconnected) => panic!("{what}: panicked"),
-    }
-}
+use support::admission::assert_idle;
+use support::within;
 
 const PROMPT: Duration = Duration::from_secs(5);
 
@@ -189,11 +176,6 @@ fn builder_conflicting_kv_settings() {
 
 // ---------------------------------------------------------------------------------------------------------
 // Admission at run time
-
-fn assert_idle<C: kvgate::clock::Clock>(a: &Admission<C>) {
-    let s = a.snapshot();
-    assert_eq!((s.in_flight, s.kv_used, s.queued), (0, 0, 0), "capacity held after a refusal: {s:?}");
-}
 
 #[test]
 fn runtime_setters_refuse_bad_values_and_change_nothing() {

@@ -322,7 +322,7 @@ fn bad_configurations_are_errors() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+    #![proptest_config(support::proptest_config(256))]
 
     #[test]
     fn any_text_parses_or_fails_cleanly(text in "(\\PC|\n|\r|\"|\\{|\\}|=|,| |#){0,400}") {

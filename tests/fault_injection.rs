@@ -10,45 +10,16 @@
 use futures::FutureExt;
 use futures::executor::LocalPool;
 use futures::task::LocalSpawnExt;
-use kvgate::clock::{Clock, ManualClock};
+use kvgate::clock::ManualClock;
 use kvgate::{Admission, Rejection, Request};
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Barrier, mpsc};
+use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
+use support::admission::assert_idle;
+use support::{quiet_panics, within};
 
 const MS: u64 = 1_000_000;
-
-/// Runs `f` on its own thread and fails if it does not finish within `limit`.
-fn within<T: Send + 'static>(limit: Duration, what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    match rx.recv_timeout(limit) {
-        Ok(value) => value,
-        Err(e) => panic!("{what}: {e:?} within {limit:?} (hung or panicked)"),
-    }
-}
-
-fn assert_idle<C: Clock>(a: &Admission<C>) {
-    let s = a.snapshot();
-    assert_eq!((s.in_flight, s.kv_used, s.queued), (0, 0, 0), "capacity not returned: {s:?}");
-}
-
-/// Silences the default panic message for the panics these tests inject on purpose.
-fn quiet_panics() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        let default = std::panic::take_hook();
-        std::panic::set_hook(Box::new(move |info| {
-            let injected = info.payload().downcast_ref::<&str>().is_some_and(|m| m.starts_with("injected"));
-            if !injected {
-                default(info);
-            }
-        }));
-    });
-}
 
 // ---------------------------------------------------------------------------------------------------------
 // Panics while holding a permit

@@ -5,7 +5,7 @@
 //! Notation: `u` = bytes one token occupies in one layer; `page` = `block × u`; a vLLM block id costs
 //! `group_size × page` (or a page of every layer when all layers form one group).
 
-use kvgate::kv::{Engine, GpuPlan, GroupPolicy, KvDtype, ModelSpec, RecurrentKind};
+use kvgate::kv::{Engine, GpuPlan, GroupPolicy, KvDtype, ModelSpec, RecurrentKind, WeightDtype};
 
 const BF16: KvDtype = KvDtype::Bf16;
 
@@ -154,7 +154,7 @@ fn mla_in_blocks_of_64() {
     assert_eq!(spec.sequence_bytes(1000, BF16, 16, Engine::Vllm), 63 * 61 * 16 * 1152);
     // A plan on Hopper picks the 64-token block itself; on Ampere FlashMLA is unavailable and 16 stays.
     let plan = |gpu: &str, tp: u32| {
-        GpuPlan::builder(spec.clone()).gpu(gpu).tensor_parallel(tp).weight_dtype(KvDtype::Fp8).build().unwrap()
+        GpuPlan::builder(spec.clone()).gpu(gpu).tensor_parallel(tp).weight_dtype(WeightDtype::Fp8).build().unwrap()
     };
     assert_eq!(plan("h200-141", 8).block_size(), 64);
     assert_eq!(plan("h200-141", 8).sequence_bytes_per_gpu(1000), 16 * 4_497_408);
@@ -236,7 +236,7 @@ fn shared_prefix_is_charged_once() {
         .gpu("l4")
         .engine(Engine::llama_cpp(16_384, 4).unwrap())
         .kv_dtype(KvDtype::Q8_0)
-        .weight_dtype(KvDtype::Q4_0)
+        .weight_dtype(WeightDtype::Q4_0)
         .build()
         .unwrap();
     assert_eq!(slots.prefix_bytes(2000), 0);

@@ -1,4 +1,5 @@
-//! Properties of the KV-memory model over random layer layouts, and a parser that never panics.
+//! Properties of the KV-memory model over random layer layouts (the `config.json` parser's are in
+//! `kv_hf_config_proptest.rs`).
 
 use kvgate::kv::{Engine, KvDtype, LayerKind, ModelSpec, NoKvReason, RecurrentKind};
 use proptest::prelude::*;
@@ -40,7 +41,7 @@ fn max_window(spec: &ModelSpec) -> u64 {
 const TOKENS: u64 = 10_000_000;
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(256))]
+    #![proptest_config(support::proptest_config(256))]
 
     #[test]
     fn kv_bytes_is_monotone(spec in spec(), t in 0..TOKENS, d in 0..TOKENS, dtype in prop::sample::select(KvDtype::ALL.to_vec())) {
@@ -160,7 +161,7 @@ fn block() -> impl Strategy<Value = u32> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(128))]
+    #![proptest_config(support::proptest_config(128))]
 
     #[test]
     fn peak_is_monotone_and_covers_every_shorter_length(
@@ -235,197 +236,5 @@ proptest! {
         let Ok(bf16) = spec.kv_layout(KvDtype::Bf16, block, Engine::Vllm) else { return Ok(()) };
         let fp8 = spec.kv_layout(KvDtype::Fp8, block, Engine::Vllm).unwrap();
         prop_assert_eq!(fp8.sequence_bytes(t) * 2, bf16.sequence_bytes(t));
-    }
-}
-
-#[cfg(feature = "hf-config")]
-mod parser {
-    use super::*;
-    use serde_json::{Map, Value, json};
-
-    fn value() -> impl Strategy<Value = Value> {
-        let leaf = prop_oneof![
-            Just(Value::Null),
-            any::<bool>().prop_map(Value::Bool),
-            any::<i64>().prop_map(Value::from),
-            any::<u64>().prop_map(Value::from),
-            any::<f64>().prop_map(|f| serde_json::Number::from_f64(f).map_or(Value::Null, Value::Number)),
-            prop::sample::select(KEYS.to_vec()).prop_map(|s| Value::String(s.to_owned())),
-            ".{0,12}".prop_map(Value::String),
-        ];
-        leaf.prop_recursive(4, 64, 8, |inner| {
-            prop_oneof![
-                prop::collection::vec(inner.clone(), 0..8).prop_map(Value::Array),
-                prop::collection::vec((key(), inner), 0..8)
-                    .prop_map(|kv| Value::Object(kv.into_iter().collect::<Map<_, _>>())),
-            ]
-        })
-    }
-
-    /// Keys and values the parser reads, so random objects reach deep into it.
-    const KEYS: &[&str] = &[
-        "model_type",
-        "text_config",
-        "num_hidden_layers",
-        "num_attention_heads",
-        "num_key_value_heads",
-        "hidden_size",
-        "head_dim",
-        "sliding_window",
-        "use_sliding_window",
-        "layer_types",
-        "max_window_layers",
-        "sliding_window_pattern",
-        "full_attention_interval",
-        "attn_layer_period",
-        "attn_layer_offset",
-        "kv_lora_rank",
-        "qk_rope_head_dim",
-        "global_head_dim",
-        "num_global_key_value_heads",
-        "num_kv_shared_layers",
-        "attention_chunk_size",
-        "no_rope_layers",
-        "linear_num_value_heads",
-        "mamba_d_ssm",
-        "mamba_n_heads",
-        "mamba_d_head",
-        "llama",
-        "llama4",
-        "smollm3",
-        "falcon_h1",
-        "glm4_moe",
-        "glm4_moe_lite",
-        "chunked_attention",
-        "hybrid",
-        "gemma3",
-        "gemma4",
-        "qwen3_next",
-        "deepseek_v3",
-        "jamba",
-        "gpt_oss",
-        "qwen2",
-        "mistral",
-        "gemma2",
-        "full_attention",
-        "sliding_attention",
-        "linear_attention",
-        "mamba",
-    ];
-
-    fn key() -> impl Strategy<Value = String> {
-        prop_oneof![prop::sample::select(KEYS.to_vec()).prop_map(str::to_owned), ".{0,8}"]
-    }
-
-    fn interesting() -> impl Strategy<Value = Value> {
-        prop_oneof![
-            Just(Value::Null),
-            Just(json!(0)),
-            Just(json!(-1)),
-            Just(json!(1)),
-            Just(json!(3)),
-            Just(json!(u64::from(u32::MAX))),
-            Just(json!(u64::from(u32::MAX) + 1)),
-            Just(json!(u64::MAX)),
-            Just(json!(1e300)),
-            Just(json!(2.5)),
-            Just(json!("sliding_attention")),
-            Just(json!(["full_attention", "bogus"])),
-            Just(json!({})),
-            Just(json!(true)),
-            value(),
-        ]
-    }
-
-    fn bases() -> Vec<Value> {
-        vec![
-            json!({"model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32,
-                   "num_hidden_layers": 32, "num_key_value_heads": 8}),
-            json!({"model_type": "gemma3", "text_config": {"head_dim": 128, "hidden_size": 5376,
-                   "num_attention_heads": 32, "num_hidden_layers": 62, "num_key_value_heads": 16,
-                   "sliding_window": 1024}, "vision_config": {"num_hidden_layers": 27}}),
-            json!({"model_type": "gpt_oss", "head_dim": 64, "num_hidden_layers": 4, "num_attention_heads": 64,
-                   "num_key_value_heads": 8, "sliding_window": 128,
-                   "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]}),
-            json!({"model_type": "deepseek_v3", "num_hidden_layers": 61, "kv_lora_rank": 512,
-                   "qk_rope_head_dim": 64, "num_key_value_heads": 128}),
-            json!({"model_type": "qwen3_next", "num_hidden_layers": 48, "full_attention_interval": 4,
-                   "head_dim": 256, "num_key_value_heads": 2, "num_attention_heads": 16}),
-            json!({"model_type": "gemma4", "text_config": {"num_hidden_layers": 2, "num_key_value_heads": 8,
-                   "head_dim": 256, "global_head_dim": 512, "num_global_key_value_heads": 2,
-                   "num_kv_shared_layers": 1, "sliding_window": 1024,
-                   "layer_types": ["sliding_attention", "full_attention"]}}),
-            json!({"model_type": "jamba", "num_hidden_layers": 32, "num_attention_heads": 32,
-                   "num_key_value_heads": 8, "hidden_size": 4096, "attn_layer_period": 8, "attn_layer_offset": 4}),
-            json!({"model_type": "qwen2", "num_hidden_layers": 28, "num_attention_heads": 28,
-                   "num_key_value_heads": 4, "hidden_size": 3584, "sliding_window": 131072,
-                   "use_sliding_window": true, "max_window_layers": 21}),
-        ]
-    }
-
-    /// Sets, replaces or removes `key` in the object at the root or under `text_config`.
-    fn mutate(mut config: Value, nested: bool, key: &str, new: Option<Value>) -> Value {
-        let target = match config.get_mut("text_config") {
-            Some(Value::Object(obj)) if nested => obj,
-            _ => config.as_object_mut().expect("bases are objects"),
-        };
-        match new {
-            Some(v) => {
-                target.insert(key.to_owned(), v);
-            }
-            None => {
-                target.remove(key);
-            }
-        }
-        config
-    }
-
-    fn sane(json: &str) {
-        if let Ok(spec) = ModelSpec::from_hf_config(json) {
-            assert!(spec.num_layers() > 0);
-            assert!(spec.bytes_per_token(KvDtype::Bf16) > 0 || spec.recurrent_layers() > 0);
-            let _ = spec.kv_bytes_paged(u64::MAX, KvDtype::F32, 16);
-        }
-    }
-
-    proptest! {
-        #![proptest_config(ProptestConfig::with_cases(256))]
-
-        #[test]
-        fn parser_never_panics_on_arbitrary_json(v in value()) {
-            sane(&v.to_string());
-        }
-
-        #[test]
-        fn parser_never_panics_on_arbitrary_objects(fields in prop::collection::vec((key(), interesting()), 0..12)) {
-            let obj: Map<String, Value> = fields.into_iter().collect();
-            sane(&Value::Object(obj).to_string());
-        }
-
-        #[test]
-        fn parser_never_panics_on_mutated_configs(
-            base in prop::sample::select(bases()),
-            edits in prop::collection::vec((any::<bool>(), key(), prop::option::weighted(0.8, interesting())), 1..4),
-        ) {
-            let mut config = base;
-            for (nested, key, new) in edits {
-                config = mutate(config, nested, &key, new);
-            }
-            sane(&config.to_string());
-        }
-
-        #[test]
-        fn parser_never_panics_on_truncated_text(base in prop::sample::select(bases()), cut in 0usize..400) {
-            let text = base.to_string();
-            let cut = cut.min(text.len());
-            sane(&text[..cut]);
-        }
-    }
-
-    #[test]
-    fn every_base_parses() {
-        for base in bases() {
-            ModelSpec::from_hf_config(&base.to_string()).unwrap();
-        }
     }
 }

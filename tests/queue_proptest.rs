@@ -6,7 +6,6 @@ use std::collections::VecDeque;
 
 use kvgate::queue::BoundedQueue;
 use proptest::prelude::*;
-use proptest::test_runner::Config;
 
 #[derive(Debug, Clone, Copy)]
 enum Op {
@@ -20,24 +19,12 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![Just(Op::Push), Just(Op::ForcePush), Just(Op::Pop), Just(Op::Len)]
 }
 
-/// `PROPTEST_CASES` if set, else a count that keeps CI (and miri) fast.
-fn config() -> Config {
-    let default_cases = if cfg!(miri) { 4 } else { 256 };
-    let cases = std::env::var("PROPTEST_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(default_cases);
-    Config {
-        cases,
-        // Miri's isolation forbids the regression file.
-        failure_persistence: if cfg!(miri) { None } else { Config::default().failure_persistence },
-        ..Config::default()
-    }
-}
-
 fn max_ops() -> usize {
     if cfg!(miri) { 40 } else { 300 }
 }
 
 proptest! {
-    #![proptest_config(config())]
+    #![proptest_config(support::proptest_config(256))]
 
     #[test]
     fn behaves_like_vecdeque(

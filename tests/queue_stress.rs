@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread;
 
 use kvgate::queue::BoundedQueue;
+use kvgate::retry::SplitMix64;
 
 const THREADS: usize = if cfg!(miri) { 3 } else { 4 };
 const OPS_PER_THREAD: usize = if cfg!(miri) { 150 } else { 50_000 };
@@ -48,18 +49,6 @@ impl Drop for Tracked {
     }
 }
 
-/// A small xorshift generator: deterministic per thread, no extra dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
-
 /// What one worker thread saw.
 #[derive(Default)]
 struct Log {
@@ -86,13 +75,13 @@ fn run_mixed(cap: usize, seed: u64) {
                 let q = &q;
                 let drops = &drops;
                 s.spawn(move || {
-                    let mut rng = Rng(seed ^ (t as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+                    let mut rng = SplitMix64::new(seed ^ (t as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
                     let mut log = Log::default();
                     for seq in 0..OPS_PER_THREAD {
                         // Every iteration creates one item; it is used only by the push variants.
                         let id = t * OPS_PER_THREAD + seq;
                         let item = Tracked { id, producer: t, seq, drops: Arc::clone(drops) };
-                        match rng.next() % 8 {
+                        match rng.next_u64() % 8 {
                             0..=2 => match q.push(item) {
                                 Ok(()) => log.accepted.push(id),
                                 Err(back) => log.refused.push(back.id),

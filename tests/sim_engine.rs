@@ -1,14 +1,14 @@
 //! The engine model against hand arithmetic: roofline step times and paged-KV block accounting.
 #![cfg(feature = "sim")]
 
-use kvgate::kv::{Gpu, GpuPlan, KvDtype, ModelSpec};
+use kvgate::kv::{Gpu, GpuPlan, ModelSpec, WeightDtype};
 use kvgate::retry::SplitMix64;
 use kvgate::sim::{Engine, EngineConfig, EngineEvent, Hardware, Roofline};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 fn h100() -> Hardware {
-    Hardware::from_gpu(&Gpu::preset("h100-80").unwrap(), KvDtype::Bf16).unwrap()
+    Hardware::from_gpu(&Gpu::preset("h100-80").unwrap(), WeightDtype::Bf16).unwrap()
 }
 
 fn llama8b_h100() -> GpuPlan {
@@ -55,7 +55,7 @@ fn prefill_is_compute_bound() {
 #[test]
 fn mixture_of_experts_prefills_with_its_active_parameters() {
     let plan = GpuPlan::builder(ModelSpec::preset("qwen3-30b-a3b").unwrap()).gpu("h100-80").build().unwrap();
-    let engine = Engine::new(&plan, EngineConfig::for_plan(&plan, KvDtype::Bf16).unwrap()).unwrap();
+    let engine = Engine::new(&plan, EngineConfig::for_plan(&plan, WeightDtype::Bf16).unwrap()).unwrap();
     let active = plan.model().active_params().unwrap();
     assert!(active < plan.model().params().unwrap() / 5);
     let expected = 2.0 * active as f64 * 4096.0 / (989.4e12 * 0.5);
@@ -230,7 +230,7 @@ fn random_traffic_keeps_the_pool_invariant() {
 #[test]
 fn capacity_estimate_is_in_the_range_the_simulation_finds() {
     let plan = llama8b_h100();
-    let engine = Engine::new(&plan, EngineConfig::for_plan(&plan, KvDtype::Bf16).unwrap()).unwrap();
+    let engine = Engine::new(&plan, EngineConfig::for_plan(&plan, WeightDtype::Bf16).unwrap()).unwrap();
     let rate = engine.capacity_estimate(990.0, 320.0);
     assert!((15.0..25.0).contains(&rate), "{rate}");
     assert!(engine.capacity_estimate(990.0, 320.0) > engine.capacity_estimate(4000.0, 320.0));
@@ -255,11 +255,11 @@ fn bad_engine_settings_are_errors() {
     assert!(Hardware::new(-3.35e12, 1e15).is_err());
     let custom =
         GpuPlan::builder(ModelSpec::preset("llama-3.1-8b").unwrap()).gpu_memory_bytes(80 << 30).build().unwrap();
-    assert!(EngineConfig::for_plan(&custom, KvDtype::Bf16).is_err());
+    assert!(EngineConfig::for_plan(&custom, WeightDtype::Bf16).is_err());
     assert!(
         EngineConfig::for_plan(
             &GpuPlan::builder(ModelSpec::preset("llama-3.1-8b").unwrap()).gpu("a100-80").build().unwrap(),
-            KvDtype::Fp8
+            WeightDtype::Fp8
         )
         .is_err()
     );

@@ -9,13 +9,13 @@
 
 use kvgate::Reservation;
 use kvgate::feedback::FeedbackConfig;
-use kvgate::kv::{GpuPlan, KvDtype, ModelSpec};
+use kvgate::kv::{GpuPlan, ModelSpec, WeightDtype};
 use kvgate::sim::{AdmissionSpec, EngineConfig, FeedbackSetup, GateSpec, Pricing, Report, Scenario};
 use std::time::Duration;
 
 fn setup(gpu: &str) -> (GpuPlan, EngineConfig) {
     let plan = GpuPlan::builder(ModelSpec::preset("llama-3.1-8b").unwrap()).gpu(gpu).build().unwrap();
-    let engine = EngineConfig::for_plan(&plan, KvDtype::Bf16).unwrap();
+    let engine = EngineConfig::for_plan(&plan, WeightDtype::Bf16).unwrap();
     (plan, engine)
 }
 

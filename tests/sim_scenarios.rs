@@ -2,7 +2,7 @@
 //! proptest that random scenarios never panic and conserve requests.
 #![cfg(feature = "sim")]
 
-use kvgate::kv::{GpuPlan, KvDtype, ModelSpec};
+use kvgate::kv::{GpuPlan, ModelSpec, WeightDtype};
 use kvgate::sim::{
     Arrivals, ClientPolicy, EngineConfig, GateSpec, HeavyUser, LengthDist, PlanRequest, Profile, Report, RetryKind,
     Scenario, Slo, Workload, plan, plot,
@@ -13,7 +13,7 @@ use std::time::Duration;
 
 fn h100_scenario(arrivals: Arrivals) -> Scenario {
     let plan = GpuPlan::builder(ModelSpec::preset("llama-3.1-8b").unwrap()).gpu("h100-80").build().unwrap();
-    let engine = EngineConfig::for_plan(&plan, KvDtype::Bf16).unwrap();
+    let engine = EngineConfig::for_plan(&plan, WeightDtype::Bf16).unwrap();
     Scenario::new(plan, engine, Workload::chat(arrivals))
 }
 
@@ -205,7 +205,7 @@ struct Knobs {
 fn small_scenario(k: Knobs) -> Scenario {
     let Knobs { rate, employees, gate, retry, max_num_seqs, queued, hit, seconds, drain, script } = k;
     let plan = GpuPlan::builder(ModelSpec::preset("llama-3.2-1b").unwrap()).gpu("l4").build().unwrap();
-    let mut engine = EngineConfig::for_plan(&plan, KvDtype::Bf16).unwrap();
+    let mut engine = EngineConfig::for_plan(&plan, WeightDtype::Bf16).unwrap();
     engine.max_num_seqs = max_num_seqs;
     engine.max_queued = queued;
     engine.prefix_cache_hit = hit;

@@ -199,7 +199,7 @@ enum Op {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(128))]
+    #![proptest_config(support::proptest_config(128))]
 
     /// Per-tenant and global limits hold together over random sequences; every tenant's usage returns
     /// to zero (conservation per tenant).

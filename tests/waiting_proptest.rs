@@ -150,7 +150,7 @@ impl Model {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(if cfg!(miri) { 4 } else { 256 }))]
+    #![proptest_config(support::proptest_config(256))]
 
     #[test]
     fn waiting_room_matches_sequential_model(

@@ -6,12 +6,9 @@
 //! end every waiter is polled until none resolves, everything is dropped, and all is back to zero.
 #![no_main]
 
-#[path = "../../tests/support/admission_model.rs"]
-mod admission_model;
-
-use admission_model::{Config, Harness, Op, Req, TENANTS};
 use libfuzzer_sys::arbitrary::{self, Arbitrary};
 use libfuzzer_sys::fuzz_target;
+use support::admission::{Config, Harness, Op, Req, TENANTS};
 
 #[derive(Debug, Arbitrary)]
 struct ArbReq {

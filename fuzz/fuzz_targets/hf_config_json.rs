@@ -1,104 +1,17 @@
 //! Structured `config.json` fuzzing: `arbitrary` builds a JSON object from the keys the parser reads (and
 //! a few it must ignore), each with a random value of a random type — small and edge integers, negatives,
 //! floats, strings, nulls, lists of layer types, nested `text_config` objects — serialised with
-//! serde_json. The parser must never panic; a returned spec must satisfy the same checks as
-//! `hf_config_bytes`, and its layer count must equal `num_hidden_layers` of the section it came from.
+//! serde_json. The vocabulary is `support::hf`, shared with `tests/kv_hf_config_proptest.rs`. The parser must never
+//! panic; a returned spec must pass the same `support::kv::check_spec` as in `hf_config_bytes`, and its
+//! layer count must follow `num_hidden_layers` of the section it came from.
 #![no_main]
 
-use kvgate::kv::{Engine, KvDtype, ModelSpec};
+use kvgate::kv::ModelSpec;
 use libfuzzer_sys::arbitrary::{self, Arbitrary};
 use libfuzzer_sys::fuzz_target;
 use serde_json::{Map, Value};
-
-const KEYS: &[&str] = &[
-    "model_type",
-    "num_hidden_layers",
-    "num_key_value_heads",
-    "num_attention_heads",
-    "head_dim",
-    "hidden_size",
-    "sliding_window",
-    "use_sliding_window",
-    "max_window_layers",
-    "layer_types",
-    "sliding_window_pattern",
-    "full_attention_interval",
-    "attn_layer_period",
-    "attn_layer_offset",
-    "kv_lora_rank",
-    "qk_rope_head_dim",
-    "global_head_dim",
-    "num_global_key_value_heads",
-    "num_kv_shared_layers",
-    "attention_chunk_size",
-    "no_rope_layers",
-    "no_rope_layer_interval",
-    "linear_conv_kernel_dim",
-    "linear_key_head_dim",
-    "linear_value_head_dim",
-    "linear_num_key_heads",
-    "linear_num_value_heads",
-    "mamba_d_ssm",
-    "mamba_n_heads",
-    "mamba_d_head",
-    "mamba_n_groups",
-    "mamba_d_state",
-    "mamba_d_conv",
-    "mamba_expand",
-    "layers_block_type",
-    "text_config",
-    "vision_config",
-    "architectures",
-    "torch_dtype",
-];
-
-const MODEL_TYPES: &[&str] = &[
-    "llama",
-    "mixtral",
-    "mistral",
-    "phi3",
-    "qwen2",
-    "qwen2_moe",
-    "qwen3",
-    "qwen3_moe",
-    "qwen3_next",
-    "qwen3_5",
-    "qwen3_5_moe",
-    "gemma",
-    "gemma2",
-    "gemma3",
-    "gemma3_text",
-    "gemma4",
-    "gemma4_text",
-    "deepseek_v2",
-    "deepseek_v3",
-    "gpt_oss",
-    "jamba",
-    "llama4",
-    "llama4_text",
-    "smollm3",
-    "falcon_h1",
-    "glm4_moe",
-    "glm4_moe_lite",
-    "qwen3_5_text",
-    "llava",
-    "bert",
-    "",
-    "_text",
-    "LLAMA",
-];
-
-const LAYER_TYPES: &[&str] = &[
-    "full_attention",
-    "sliding_attention",
-    "chunked_attention",
-    "linear_attention",
-    "mamba",
-    "hybrid",
-    "attention",
-    "conv",
-    "",
-];
+use support::hf::{CONFIG_KEYS, LAYER_TYPES, MODEL_TYPES};
+use support::kv::check_spec;
 
 #[derive(Debug, Arbitrary)]
 enum Val {
@@ -149,7 +62,7 @@ impl Val {
 fn object(fields: &[(u8, Val)], depth: u32) -> Value {
     let mut map = Map::new();
     for (key, val) in fields {
-        map.insert(KEYS[usize::from(*key) % KEYS.len()].to_owned(), val.to_json(depth));
+        map.insert(CONFIG_KEYS[usize::from(*key) % CONFIG_KEYS.len()].to_owned(), val.to_json(depth));
     }
     Value::Object(map)
 }
@@ -186,19 +99,5 @@ fuzz_target!(|input: Input| {
         let n = u64::from(spec.num_layers());
         assert!(n >= layers && n <= 2 * layers, "{n} layers for num_hidden_layers {layers}");
     }
-    let tokens = input.tokens;
-    for engine in [Engine::Vllm, Engine::VllmUniform, Engine::LlamaCpp { n_ctx: 8192, n_parallel: 2 }] {
-        if let Ok(layout) = spec.kv_layout(KvDtype::Bf16, input.block, engine) {
-            let peak = layout.max_sequence_bytes(tokens);
-            assert!(peak >= layout.sequence_bytes(tokens));
-            assert!(layout.max_sequence_bytes(tokens.saturating_add(1)) >= peak, "peak is monotone");
-            let prefix = tokens / 3;
-            let _ = layout.prefix_bytes(prefix).saturating_add(layout.max_suffix_bytes(tokens, prefix));
-        }
-    }
-    for dtype in KvDtype::ALL {
-        let exact = spec.kv_bytes(tokens, dtype);
-        assert!(spec.kv_bytes_paged(tokens, dtype, input.block) >= exact);
-        assert!(spec.kv_bytes_naive(tokens, dtype) >= exact);
-    }
+    check_spec(&spec, input.tokens, input.block);
 });

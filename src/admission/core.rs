@@ -28,6 +28,7 @@ pub(crate) struct Core {
 }
 
 impl Core {
+    #[allow(clippy::too_many_arguments, reason = "one argument per builder setting the core holds")]
     pub(crate) fn new(
         max_in_flight: u64,
         kv_capacity: u64,

@@ -1,4 +1,4 @@
-//! [`KvDtype`]: the element type of the KV cache (and, for weight sizing, of the weights).
+//! [`KvDtype`]: the element type of the KV cache.
 //!
 //! Plain types store every value in a whole number of bytes. llama.cpp's block-quantized types (`q8_0`,
 //! `q4_0`) store values in blocks of 32 sharing one fp16 scale, so a row of `n` values takes
@@ -13,8 +13,8 @@ use crate::ConfigError;
 ///
 /// vLLM's `--kv-cache-dtype auto` stores the cache in the model's dtype (bf16 for every preset here);
 /// `fp8` (e4m3 or e5m2) halves it. llama.cpp and Ollama offer `q8_0` and `q4_0` (`--cache-type-k`,
-/// `--cache-type-v`). The same type sizes weights in
-/// [`GpuPlanBuilder::weight_dtype`](crate::kv::GpuPlanBuilder::weight_dtype).
+/// `--cache-type-v`). The weights have their own type, [`WeightDtype`](crate::kv::WeightDtype), in the same
+/// storage formats (its sizes and names are these).
 ///
 /// # Examples
 ///

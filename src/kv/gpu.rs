@@ -15,7 +15,7 @@
 
 use std::fmt;
 
-use super::KvDtype;
+use super::WeightDtype;
 use crate::ConfigError;
 
 const MIB: u64 = 1 << 20;
@@ -34,14 +34,14 @@ const TFLOPS: u64 = 1_000_000_000_000;
 /// # Examples
 ///
 /// ```
-/// use kvgate::kv::{Gpu, KvDtype};
+/// use kvgate::kv::{Gpu, WeightDtype};
 ///
 /// let h100 = Gpu::preset("h100-80")?;
 /// assert_eq!(h100.memory_bandwidth(), 3_350_000_000_000); // 3.35 TB/s
-/// assert_eq!(h100.peak_flops(KvDtype::Bf16), Some(989_400_000_000_000)); // 989.4 TFLOPS dense
-/// assert_eq!(h100.peak_flops(KvDtype::Fp8), Some(1_978_900_000_000_000));
+/// assert_eq!(h100.peak_flops(WeightDtype::Bf16), Some(989_400_000_000_000)); // 989.4 TFLOPS dense
+/// assert_eq!(h100.peak_flops(WeightDtype::Fp8), Some(1_978_900_000_000_000));
 /// // Ampere has no fp8 tensor cores.
-/// assert_eq!(Gpu::preset("a100-80")?.peak_flops(KvDtype::Fp8), None);
+/// assert_eq!(Gpu::preset("a100-80")?.peak_flops(WeightDtype::Fp8), None);
 /// # Ok::<(), kvgate::ConfigError>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -165,18 +165,18 @@ impl Gpu {
         self.memory_bandwidth
     }
 
-    /// Peak dense tensor-core throughput for matrix multiplications in `dtype`, FLOP/s.
+    /// Peak dense tensor-core throughput for matrix multiplications on weights in `dtype`, FLOP/s.
     ///
     /// `Bf16` and `F16` give the 16-bit figure (equal on every preset), `Fp8` the 8-bit one (`None` on cards
     /// without fp8 tensor cores). `F32` and llama.cpp's block-quantized types give `None`: their matrix
     /// products run as 16-bit (llama.cpp dequantizes) or on CUDA cores, so no single datasheet figure
-    /// applies.
+    /// applies. A [`KvDtype`](super::KvDtype) is accepted and means the weight type of the same format.
     #[must_use]
-    pub const fn peak_flops(&self, dtype: KvDtype) -> Option<u64> {
-        match dtype {
-            KvDtype::Bf16 | KvDtype::F16 => Some(self.bf16_flops),
-            KvDtype::Fp8 => self.fp8_flops,
-            KvDtype::F32 | KvDtype::Q8_0 | KvDtype::Q4_0 => None,
+    pub fn peak_flops(&self, dtype: impl Into<WeightDtype>) -> Option<u64> {
+        match dtype.into() {
+            WeightDtype::Bf16 | WeightDtype::F16 => Some(self.bf16_flops),
+            WeightDtype::Fp8 => self.fp8_flops,
+            WeightDtype::F32 | WeightDtype::Q8_0 | WeightDtype::Q4_0 => None,
         }
     }
 }
@@ -207,10 +207,10 @@ mod tests {
         for name in Gpu::names() {
             let gpu = Gpu::preset(name).unwrap();
             assert_eq!(gpu.name(), name);
-            let bf16 = gpu.peak_flops(KvDtype::Bf16).unwrap();
-            assert_eq!(gpu.peak_flops(KvDtype::F16), Some(bf16));
+            let bf16 = gpu.peak_flops(WeightDtype::Bf16).unwrap();
+            assert_eq!(gpu.peak_flops(WeightDtype::F16), Some(bf16));
             // Where a card has fp8, it runs about twice its 16-bit rate (the L40S datasheet: 733 vs 362.05).
-            if let Some(fp8) = gpu.peak_flops(KvDtype::Fp8) {
+            if let Some(fp8) = gpu.peak_flops(WeightDtype::Fp8) {
                 assert!(fp8 * 10 >= bf16 * 19 && fp8 * 10 <= bf16 * 21, "{name}");
             }
             assert!(gpu.memory_bandwidth() > 100 * GB && gpu.memory_bytes() > 16 * GIB);
@@ -225,12 +225,12 @@ mod tests {
     #[test]
     fn datasheet_figures() {
         let l4 = Gpu::preset("l4").unwrap();
-        assert_eq!((l4.memory_bandwidth(), l4.peak_flops(KvDtype::Fp8)), (300 * GB, Some(242_500_000_000_000)));
-        assert_eq!(Gpu::preset("a10g").unwrap().peak_flops(KvDtype::Fp8), None);
-        assert_eq!(Gpu::preset("l40s").unwrap().peak_flops(KvDtype::Bf16), Some(362_050_000_000_000));
+        assert_eq!((l4.memory_bandwidth(), l4.peak_flops(WeightDtype::Fp8)), (300 * GB, Some(242_500_000_000_000)));
+        assert_eq!(Gpu::preset("a10g").unwrap().peak_flops(WeightDtype::Fp8), None);
+        assert_eq!(Gpu::preset("l40s").unwrap().peak_flops(WeightDtype::Bf16), Some(362_050_000_000_000));
         assert_eq!(Gpu::preset("h200-141").unwrap().memory_bandwidth(), 4_800_000_000_000);
-        assert_eq!(Gpu::preset("mi300x").unwrap().peak_flops(KvDtype::Fp8), Some(2_614_900_000_000_000));
-        assert_eq!(Gpu::preset("rtx-4090").unwrap().peak_flops(KvDtype::F32), None);
+        assert_eq!(Gpu::preset("mi300x").unwrap().peak_flops(WeightDtype::Fp8), Some(2_614_900_000_000_000));
+        assert_eq!(Gpu::preset("rtx-4090").unwrap().peak_flops(WeightDtype::F32), None);
         assert_eq!(
             Gpu::preset("h100-80").unwrap().to_string(),
             "h100-80 (80 GiB, 3350 GB/s, 989 dense BF16 TFLOPS, 1979 FP8)"

@@ -1,7 +1,8 @@
 //! KV-cache memory model: how many bytes a sequence holds, and how many sequences fit on a GPU.
 //!
 //! Pure computation, no concurrency: [`ModelSpec`] describes a model's layers as groups by how they cache
-//! keys and values, [`KvDtype`] the element type, and [`GpuPlan`] the pool a GPU leaves for the cache. The
+//! keys and values, [`KvDtype`] the cache's element type ([`WeightDtype`] the weights'), and [`GpuPlan`] the pool a
+//! GPU leaves for the cache. The
 //! admission controller uses them to size its KV budget and to price a request.
 //!
 //! # The formulas
@@ -126,6 +127,7 @@ mod layout;
 mod plan;
 mod presets;
 mod spec;
+mod weight_dtype;
 
 pub use dtype::KvDtype;
 pub use engine::Engine;
@@ -136,3 +138,4 @@ pub use layer::{LayerGroup, LayerKind, NoKvReason, RecurrentKind};
 pub use layout::{CacheGroup, GroupPolicy, KvLayout};
 pub use plan::{DEFAULT_RESERVE_BYTES, GpuPlan, GpuPlanBuilder};
 pub use spec::{ModelSpec, ModelSpecBuilder};
+pub use weight_dtype::WeightDtype;

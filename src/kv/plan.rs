@@ -1,6 +1,6 @@
 //! [`GpuPlan`]: how much KV cache one GPU (or one tensor-parallel group) holds for a model.
 
-use super::{Engine, Gpu, GpuArch, KvDtype, KvLayout, ModelSpec};
+use super::{Engine, Gpu, GpuArch, KvDtype, KvLayout, ModelSpec, WeightDtype};
 use crate::ConfigError;
 
 const GIB: u64 = 1 << 30;
@@ -71,7 +71,7 @@ pub struct GpuPlanBuilder {
     gpu_memory_bytes: Option<u64>,
     memory_utilization: f64,
     weight_bytes: Option<u64>,
-    weight_dtype: KvDtype,
+    weight_dtype: WeightDtype,
     reserve_bytes: u64,
     tensor_parallel: u32,
     kv_dtype: KvDtype,
@@ -98,7 +98,7 @@ impl GpuPlan {
             gpu_memory_bytes: None,
             memory_utilization: 0.9,
             weight_bytes: None,
-            weight_dtype: KvDtype::Bf16,
+            weight_dtype: WeightDtype::Bf16,
             reserve_bytes: DEFAULT_RESERVE_BYTES,
             tensor_parallel: 1,
             kv_dtype: KvDtype::Bf16,
@@ -380,10 +380,23 @@ impl GpuPlanBuilder {
     }
 
     /// Element type of the weights when they are sized from the parameter count (default bf16; `q4_0` and
-    /// `q8_0` for llama.cpp's GGUF files of those types).
+    /// `q8_0` for llama.cpp's GGUF files of those types). Not the cache's type, which is
+    /// [`kv_dtype`](Self::kv_dtype); a [`KvDtype`] is accepted and means the weight type of the same format.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use kvgate::kv::{GpuPlan, ModelSpec, WeightDtype};
+    ///
+    /// let model = ModelSpec::preset("llama-3.1-8b")?;
+    /// let bf16 = GpuPlan::builder(model.clone()).gpu("l4").build()?;
+    /// let q4 = GpuPlan::builder(model).gpu("l4").weight_dtype(WeightDtype::Q4_0).build()?;
+    /// assert!(q4.kv_pool_bytes() > bf16.kv_pool_bytes()); // smaller weights leave more for the cache
+    /// # Ok::<(), kvgate::ConfigError>(())
+    /// ```
     #[must_use]
-    pub fn weight_dtype(mut self, dtype: KvDtype) -> Self {
-        self.weight_dtype = dtype;
+    pub fn weight_dtype(mut self, dtype: impl Into<WeightDtype>) -> Self {
+        self.weight_dtype = dtype.into();
         self
     }
 

@@ -19,11 +19,11 @@ pub const DEFAULT_MAX_NUM_BATCHED_TOKENS: u32 = 8192;
 /// # Examples
 ///
 /// ```
-/// use kvgate::kv::{GpuPlan, KvDtype, ModelSpec};
+/// use kvgate::kv::{GpuPlan, ModelSpec, WeightDtype};
 /// use kvgate::sim::{Engine, EngineConfig, Hardware};
 ///
 /// let plan = GpuPlan::builder(ModelSpec::preset("llama-3.1-8b")?).gpu("h100-80").build()?;
-/// let mut config = EngineConfig::for_plan(&plan, KvDtype::Bf16)?; // H100 SXM: 3.35 TB/s, 989 TFLOP/s
+/// let mut config = EngineConfig::for_plan(&plan, WeightDtype::Bf16)?; // H100 SXM: 3.35 TB/s, 989 TFLOP/s
 /// assert_eq!(config.hardware, Hardware::new(3.35e12, 989.4e12)?);
 /// config.max_num_seqs = 256;
 /// let engine = Engine::new(&plan, config)?;
@@ -68,7 +68,7 @@ impl EngineConfig {
     ///
     /// As [`Hardware::from_gpu`], and [`ConfigError::Conflict`] for a plan on a custom GPU (given by its
     /// memory only): build its [`Hardware`] with [`Hardware::new`] and use [`EngineConfig::new`].
-    pub fn for_plan(plan: &GpuPlan, weight_dtype: crate::kv::KvDtype) -> Result<Self, ConfigError> {
+    pub fn for_plan(plan: &GpuPlan, weight_dtype: impl Into<crate::kv::WeightDtype>) -> Result<Self, ConfigError> {
         let gpu = plan.gpu_spec().ok_or_else(|| {
             ConfigError::Conflict(format!(
                 "GPU {:?} is not a preset, so its bandwidth and FLOPs are unknown: use EngineConfig::new(Hardware::new(bytes_per_s, flops))",
@@ -410,11 +410,11 @@ impl Engine {
     /// # Examples
     ///
     /// ```
-    /// use kvgate::kv::{GpuPlan, KvDtype, ModelSpec};
+    /// use kvgate::kv::{GpuPlan, ModelSpec, WeightDtype};
     /// use kvgate::sim::{Engine, EngineConfig};
     ///
     /// let plan = GpuPlan::builder(ModelSpec::preset("llama-3.1-8b")?).gpu("h100-80").build()?;
-    /// let engine = Engine::new(&plan, EngineConfig::for_plan(&plan, KvDtype::Bf16)?)?;
+    /// let engine = Engine::new(&plan, EngineConfig::for_plan(&plan, WeightDtype::Bf16)?)?;
     /// let rate = engine.capacity_estimate(990.0, 320.0);
     /// assert!((15.0..25.0).contains(&rate), "{rate}");
     /// # Ok::<(), kvgate::ConfigError>(())

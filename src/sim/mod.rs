@@ -39,12 +39,12 @@
 //! # Examples
 //!
 //! ```
-//! use kvgate::kv::{GpuPlan, KvDtype, ModelSpec};
+//! use kvgate::kv::{GpuPlan, ModelSpec, WeightDtype};
 //! use kvgate::sim::{Arrivals, EngineConfig, GateSpec, Profile, Scenario, Workload};
 //! use std::time::Duration;
 //!
 //! let plan = GpuPlan::builder(ModelSpec::preset("llama-3.1-8b")?).gpu("l4").build()?;
-//! let engine = EngineConfig::for_plan(&plan, KvDtype::Bf16)?;
+//! let engine = EngineConfig::for_plan(&plan, WeightDtype::Bf16)?;
 //! let workload = Workload::chat(Arrivals::Poisson { rate: 2.0, profile: Profile::Flat, tenants: 50 });
 //! let mut scenario = Scenario::new(plan, engine, workload);
 //! scenario.duration = Duration::from_secs(60);

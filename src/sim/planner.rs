@@ -26,12 +26,12 @@ use std::time::Duration;
 /// # Examples
 ///
 /// ```
-/// use kvgate::kv::{GpuPlan, KvDtype, ModelSpec};
+/// use kvgate::kv::{GpuPlan, ModelSpec, WeightDtype};
 /// use kvgate::sim::{EngineConfig, PlanRequest};
 /// use std::time::Duration;
 ///
 /// let plan = GpuPlan::builder(ModelSpec::preset("llama-3.1-8b")?).gpu("l4").build()?;
-/// let engine = EngineConfig::for_plan(&plan, KvDtype::Bf16)?;
+/// let engine = EngineConfig::for_plan(&plan, WeightDtype::Bf16)?;
 /// let request = PlanRequest::new(plan, engine, 300, Duration::from_secs(2));
 /// assert_eq!(request.slo.ttft, Duration::from_secs(2));
 /// # Ok::<(), kvgate::ConfigError>(())
@@ -177,12 +177,12 @@ impl fmt::Display for Recommendation {
 /// # Examples
 ///
 /// ```no_run
-/// use kvgate::kv::{GpuPlan, KvDtype, ModelSpec};
+/// use kvgate::kv::{GpuPlan, ModelSpec, WeightDtype};
 /// use kvgate::sim::{EngineConfig, PlanRequest, plan};
 /// use std::time::Duration;
 ///
 /// let gpu_plan = GpuPlan::builder(ModelSpec::preset("llama-3.1-8b")?).gpu("l4").build()?;
-/// let engine = EngineConfig::for_plan(&gpu_plan, KvDtype::Bf16)?;
+/// let engine = EngineConfig::for_plan(&gpu_plan, WeightDtype::Bf16)?;
 /// let recommendation = plan(&PlanRequest::new(gpu_plan, engine, 300, Duration::from_secs(2)))?;
 /// println!("{recommendation}");
 /// # Ok::<(), kvgate::ConfigError>(())

@@ -26,7 +26,7 @@
 //! against a measured server.
 
 use crate::error::ConfigError;
-use crate::kv::{Gpu, KvDtype};
+use crate::kv::{Gpu, WeightDtype};
 use std::time::Duration;
 
 /// The figures of one GPU that bound a step: memory bandwidth and peak dense FLOP rate for the
@@ -61,15 +61,16 @@ impl Hardware {
     /// # Examples
     ///
     /// ```
-    /// use kvgate::kv::{Gpu, KvDtype};
+    /// use kvgate::kv::{Gpu, WeightDtype};
     /// use kvgate::sim::Hardware;
     ///
-    /// let h100 = Hardware::from_gpu(&Gpu::preset("h100-80")?, KvDtype::Bf16)?;
+    /// let h100 = Hardware::from_gpu(&Gpu::preset("h100-80")?, WeightDtype::Bf16)?;
     /// assert_eq!((h100.memory_bandwidth(), h100.peak_flops()), (3.35e12, 989.4e12));
-    /// assert!(Hardware::from_gpu(&Gpu::preset("a100-80")?, KvDtype::Fp8).is_err());
+    /// assert!(Hardware::from_gpu(&Gpu::preset("a100-80")?, WeightDtype::Fp8).is_err());
     /// # Ok::<(), kvgate::ConfigError>(())
     /// ```
-    pub fn from_gpu(gpu: &Gpu, weight_dtype: KvDtype) -> Result<Self, ConfigError> {
+    pub fn from_gpu(gpu: &Gpu, weight_dtype: impl Into<WeightDtype>) -> Result<Self, ConfigError> {
+        let weight_dtype = weight_dtype.into();
         let flops = gpu.peak_flops(weight_dtype).ok_or_else(|| {
             ConfigError::Conflict(format!(
                 "{} has no {weight_dtype:?} tensor throughput figure; use bf16 weights or Hardware::new",

@@ -34,13 +34,13 @@ impl Default for Slo {
 /// # Examples
 ///
 /// ```
-/// use kvgate::kv::{GpuPlan, KvDtype, ModelSpec};
+/// use kvgate::kv::{GpuPlan, ModelSpec, WeightDtype};
 /// use kvgate::sim::{EngineConfig, GateSpec, Scenario, Workload};
 /// use std::time::Duration;
 ///
 /// let plan = GpuPlan::builder(ModelSpec::preset("llama-3.1-8b")?).gpu("l4").build()?;
 /// let workload = Workload::employees(40, Duration::from_secs(60), Duration::from_secs(30));
-/// let mut scenario = Scenario::new(plan.clone(), EngineConfig::for_plan(&plan, KvDtype::Bf16)?, workload);
+/// let mut scenario = Scenario::new(plan.clone(), EngineConfig::for_plan(&plan, WeightDtype::Bf16)?, workload);
 /// scenario.duration = Duration::from_secs(120);
 /// scenario.gate = GateSpec::kv_admit(None, 64, Duration::from_secs(2));
 /// let report = scenario.run()?;
@@ -103,12 +103,12 @@ impl Scenario {
     /// # Examples
     ///
     /// ```
-    /// use kvgate::kv::{GpuPlan, KvDtype, ModelSpec};
+    /// use kvgate::kv::{GpuPlan, ModelSpec, WeightDtype};
     /// use kvgate::sim::{Arrivals, EngineConfig, Scenario};
     /// use std::time::Duration;
     ///
     /// let plan = GpuPlan::builder(ModelSpec::preset("llama-3.1-8b")?).gpu("h100-80").build()?;
-    /// let engine = EngineConfig::for_plan(&plan, KvDtype::Bf16)?;
+    /// let engine = EngineConfig::for_plan(&plan, WeightDtype::Bf16)?;
     /// let scenario = Scenario::overloaded(plan, engine, 2.0, Duration::from_secs(600))?;
     /// let Arrivals::Poisson { rate, .. } = scenario.workload.arrivals else { unreachable!() };
     /// assert!((35.0..45.0).contains(&rate)); // 2 × about 20 requests/s
@@ -173,12 +173,12 @@ impl Scenario {
     /// # Examples
     ///
     /// ```
-    /// use kvgate::kv::{GpuPlan, KvDtype, ModelSpec};
+    /// use kvgate::kv::{GpuPlan, ModelSpec, WeightDtype};
     /// use kvgate::sim::{EngineConfig, GateSpec, Pricing, Scenario};
     /// use std::time::Duration;
     ///
     /// let plan = GpuPlan::builder(ModelSpec::preset("llama-3.1-8b")?).gpu("h100-80").build()?;
-    /// let engine = EngineConfig::for_plan(&plan, KvDtype::Bf16)?;
+    /// let engine = EngineConfig::for_plan(&plan, WeightDtype::Bf16)?;
     /// let mut scenario = Scenario::overloaded(plan, engine, 2.0, Duration::from_secs(60))?;
     /// let config = scenario.adaptive_config();
     /// assert_eq!(config.tpot_slo, Some(Duration::from_secs(60) / 1024));

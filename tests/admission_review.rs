@@ -6,7 +6,6 @@
 //! a watchdog (`within`) turns a deadlock into a failure instead of a hung test run.
 #![cfg(not(loom))]
 
-use futures::task::noop_waker_ref;
 use kvgate::clock::{Clock, ManualClock};
 use kvgate::{Admission, AdmissionBuilder, Admit, Limit, Permit, Priority, Rejection, Request, TenantId, TenantLimits};
 use std::future::Future;
@@ -17,6 +16,8 @@ use std::sync::{Arc, Mutex, mpsc};
 use std::task::{Context, Poll, RawWaker, RawWakerVTable, Wake, Waker};
 use std::thread::{self, ThreadId};
 use std::time::Duration;
+use support::admission::poll_once as poll;
+use support::{quiet_panics, within};
 
 const SECOND: u64 = 1_000_000_000;
 
@@ -26,39 +27,17 @@ fn manual() -> (ManualClock, AdmissionBuilder<ManualClock>) {
     (clock, builder)
 }
 
+/// An admission of 1000 KV tokens that gives each tenant half of them, with alice holding 400 of her 500.
+fn alice_at_400_of_her_500() -> (Admission<ManualClock>, Permit) {
+    let (_clock, builder) = manual();
+    let admission =
+        builder.kv_capacity_tokens(1000).tenant_defaults(TenantLimits::new().kv_share(0.5)).build().unwrap();
+    let held = admission.try_admit(&Request::new(400, 0).tenant("alice")).unwrap();
+    (admission, held)
+}
+
 fn poll_with(fut: &mut Admit, waker: &Waker) -> Poll<Result<Permit, Rejection>> {
     Pin::new(fut).poll(&mut Context::from_waker(waker))
-}
-
-fn poll(fut: &mut Admit) -> Poll<Result<Permit, Rejection>> {
-    poll_with(fut, noop_waker_ref())
-}
-
-/// Runs `f` on its own thread and fails if it does not finish within `limit` (a deadlock detector: the
-/// limit is generous, no assertion depends on how long anything takes).
-fn within<T: Send + 'static>(limit: Duration, what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = mpsc::channel();
-    thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    match rx.recv_timeout(limit) {
-        Ok(value) => value,
-        Err(e) => panic!("{what}: {e:?} after {limit:?} (deadlocked or panicked)"),
-    }
-}
-
-/// Silences the default panic message for the panics these tests inject on purpose.
-fn quiet_panics() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        let default = std::panic::take_hook();
-        std::panic::set_hook(Box::new(move |info| {
-            let injected = info.payload().downcast_ref::<&str>().is_some_and(|m| m.starts_with("injected"));
-            if !injected {
-                default(info);
-            }
-        }));
-    });
 }
 
 /// A waker whose last reference, when dropped, drops a permit it owns (a task's state released with its
@@ -95,6 +74,17 @@ impl Drop for PanicsOnDrop {
 // waiting room's lock is held"; `wake_list.rs`: "A waker is user code: it may be slow, take locks of its
 // own, re-enter kvgate or panic. The dispatcher therefore never calls one while it holds the lock."
 
+/// An admission of two slots, both taken: one permit for the caller to hold, the other owned by the
+/// returned waker, so that the waker's last drop releases it (user code that re-enters the admission).
+fn full_with_a_reentrant_waker() -> (Admission<ManualClock>, Permit, Waker) {
+    let (_clock, builder) = manual();
+    let admission = builder.max_in_flight(2).build().unwrap();
+    let held = admission.try_admit(&Request::new(1, 1)).unwrap();
+    let owned = admission.try_admit(&Request::new(1, 1)).unwrap();
+    let waker = Waker::from(Arc::new(OwnsAPermit(Mutex::new(Some(owned)))));
+    (admission, held, waker)
+}
+
 /// Cancelling a queued `Admit` drops the waker it registered while the room's lock is held
 /// (`Dispatcher::cancel`: `let _ = room.leave(..)` drops the returned wake-up inside the critical
 /// section). A waker whose drop re-enters the admission — here it releases a permit, whose drop runs a
@@ -104,12 +94,8 @@ fn cancelling_a_waiter_drops_its_waker_outside_the_lock() {
     // The whole scenario runs on the watchdog's thread: on a deadlock only that thread is stuck (the test
     // thread must not drop the admission's permits, which would block on the same lock).
     within(Duration::from_secs(20), "dropping a queued Admit whose waker re-enters", || {
-        let (_clock, builder) = manual();
-        let admission = builder.max_in_flight(2).build().unwrap();
-        let _held = admission.try_admit(&Request::new(1, 1)).unwrap();
-        let owned = admission.try_admit(&Request::new(1, 1)).unwrap();
+        let (admission, _held, waker) = full_with_a_reentrant_waker();
         let mut first = admission.admit(&Request::new(1, 1));
-        let waker = Waker::from(Arc::new(OwnsAPermit(Mutex::new(Some(owned)))));
         assert!(poll_with(&mut first, &waker).is_pending());
         drop(waker); // the room's copy is now the last reference
         let mut second = admission.admit(&Request::new(1, 1));
@@ -125,12 +111,8 @@ fn cancelling_a_waiter_drops_its_waker_outside_the_lock() {
 #[test]
 fn repolling_with_a_new_waker_drops_the_old_one_outside_the_lock() {
     within(Duration::from_secs(20), "re-polling with another waker", || {
-        let (_clock, builder) = manual();
-        let admission = builder.max_in_flight(2).build().unwrap();
-        let _held = admission.try_admit(&Request::new(1, 1)).unwrap();
-        let owned = admission.try_admit(&Request::new(1, 1)).unwrap();
+        let (admission, _held, waker) = full_with_a_reentrant_waker();
         let mut waiting = admission.admit(&Request::new(1, 1));
-        let waker = Waker::from(Arc::new(OwnsAPermit(Mutex::new(Some(owned)))));
         assert!(poll_with(&mut waiting, &waker).is_pending());
         drop(waker);
         let _ = poll(&mut waiting);
@@ -228,10 +210,7 @@ fn a_waker_that_panics_on_drop_leaks_nothing_and_stops_nothing() {
 /// flows come back only when their tenant releases something.
 #[test]
 fn growing_the_kv_budget_admits_waiters_parked_on_their_share() {
-    let (_clock, builder) = manual();
-    let admission =
-        builder.kv_capacity_tokens(1000).tenant_defaults(TenantLimits::new().kv_share(0.5)).build().unwrap();
-    let _held = admission.try_admit(&Request::new(400, 0).tenant("alice")).unwrap();
+    let (admission, _held) = alice_at_400_of_her_500();
     let mut waiting = admission.admit(&Request::new(200, 0).tenant("alice"));
     assert!(poll(&mut waiting).is_pending(), "400 + 200 is over alice's share of 500");
     admission.set_kv_capacity(2000).unwrap(); // alice's share is 1000 now
@@ -253,10 +232,7 @@ fn growing_the_kv_budget_admits_waiters_parked_on_their_share() {
 /// bits). The same request through `try_admit` is refused, as documented.
 #[test]
 fn a_tenants_lower_class_admit_does_not_overtake_its_parked_higher_class_waiter() {
-    let (_clock, builder) = manual();
-    let admission =
-        builder.kv_capacity_tokens(1000).tenant_defaults(TenantLimits::new().kv_share(0.5)).build().unwrap();
-    let _held = admission.try_admit(&Request::new(400, 0).tenant("alice")).unwrap();
+    let (admission, _held) = alice_at_400_of_her_500();
     let mut urgent = admission.admit(&Request::new(200, 0).tenant("alice").priority(Priority::Interactive));
     assert!(poll(&mut urgent).is_pending());
     let small = Request::new(50, 0).tenant("alice").priority(Priority::Normal);
@@ -601,10 +577,7 @@ fn a_waker_that_reenters_from_wake_is_served() {
 /// tenant's parked bit: the tenant's later requests are not held back by a waiter that is gone.
 #[test]
 fn a_parked_waiter_ended_by_a_resize_holds_nobody_back() {
-    let (_clock, builder) = manual();
-    let admission =
-        builder.kv_capacity_tokens(1000).tenant_defaults(TenantLimits::new().kv_share(0.5)).build().unwrap();
-    let held = admission.try_admit(&Request::new(400, 0).tenant("alice")).unwrap();
+    let (admission, held) = alice_at_400_of_her_500();
     let mut parked = admission.admit(&Request::new(300, 0).tenant("alice"));
     assert!(poll(&mut parked).is_pending());
     admission.set_kv_capacity(500).unwrap(); // share 250 < 300
@@ -619,7 +592,7 @@ fn a_parked_waiter_ended_by_a_resize_holds_nobody_back() {
 /// The waiting room's slab across chunks (more than 32 waiters), with slots reused through the free list
 /// and grants made on other threads while the owners read their slot's generation without the lock:
 /// every waiter is served once, in order, and everything comes back. Small enough for miri
-/// (`cargo +nightly miri test --test review_admission slab`).
+/// (`cargo +nightly miri test --test admission_review slab`).
 #[test]
 fn the_slab_serves_every_waiter_once_across_chunks_and_threads() {
     let (_clock, builder) = manual();
@@ -920,10 +893,7 @@ fn conservation_where_everything_meets() {
 /// are cloned outside the lock this instrument no longer holds the lock and the test passes vacuously.)
 #[test]
 fn try_admit_of_a_known_tenant_takes_no_lock() {
-    let (_clock, builder) = manual();
-    let admission =
-        builder.kv_capacity_tokens(1000).tenant_defaults(TenantLimits::new().kv_share(0.5)).build().unwrap();
-    let _hers = admission.try_admit(&Request::new(400, 0).tenant("alice")).unwrap();
+    let (admission, _hers) = alice_at_400_of_her_500();
     let mut parked = admission.admit(&Request::new(200, 0).tenant("alice").priority(Priority::Batch));
     assert!(poll(&mut parked).is_pending(), "400 + 200 is over alice's share of 500");
     let mut big = admission.admit(&Request::new(700, 0)); // waits for global KV

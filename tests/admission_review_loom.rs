@@ -2,7 +2,7 @@
 //! pass that parks its waiter, a permit's hand-over racing a higher-class `try_admit`, and a tenant release
 //! racing a global release while the waiter needs both.
 //!
-//! Run: `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 CARGO_TARGET_DIR=target/loom cargo test --release --test loom_review`
+//! Run: `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 CARGO_TARGET_DIR=target/loom cargo test --release --test admission_review_loom`
 #![cfg(loom)]
 
 use futures::FutureExt;

@@ -1,7 +1,7 @@
 //! Loom models of `BoundedQueue`: every interleaving (up to `LOOM_MAX_PREEMPTIONS`) of small scenarios.
 //!
 //! ```sh
-//! RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test --release --test loom_queue
+//! RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test --release --test queue_loom
 //! ```
 #![cfg(loom)]
 

@@ -1,8 +1,10 @@
 //! loom models of the admission core: racing admits and drops never exceed a limit and return
 //! everything; a release racing a cancellation loses no wake-up and grants nothing twice; FIFO holds
-//! between two waiters and a releaser.
+//! between two waiters and a releaser; a tenant's path (the tenant registry's read-write locks and its
+//! global count, which go through the `sync` shim) keeps every tenant limit and bucket whole and never
+//! tracks more tenants than `max_tenants`.
 //!
-//! Run: `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test --release --test loom_admission`
+//! Run: `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test --release --test admission_loom`
 #![cfg(loom)]
 
 use futures::FutureExt;
@@ -173,5 +175,60 @@ fn cancelling_a_tenant_waiter_racing_a_release_keeps_every_bucket_whole() {
         assert_eq!(rates.requests.unwrap().remaining, 3);
         assert_eq!(rates.tokens.unwrap().remaining, 10);
         assert_eq!(a.busiest_tenants(1), Vec::new());
+    });
+}
+
+/// Two threads admit the first requests of one new tenant at once: both take the tenant's path through the
+/// registry's read-write lock (a miss under the read lock, then the write lock), exactly one state is
+/// created, and the tenant's cap of one request holds whichever thread created it. The clock is a
+/// `ManualClock`, so its reads are part of the model too.
+#[test]
+fn two_threads_creating_one_tenant_share_one_state() {
+    loom::model(|| {
+        let a = Admission::builder()
+            .max_in_flight(4)
+            .queue_capacity(0)
+            .tenant_defaults(kvgate::TenantLimits::new().max_in_flight(1))
+            .deadline_timer(false)
+            .clock(kvgate::clock::ManualClock::new())
+            .build()
+            .unwrap();
+        let bob = || Request::new(1, 0).tenant("bob");
+        let a2 = a.clone();
+        let t = thread::spawn(move || a2.try_admit(&bob()).ok());
+        let mine = a.try_admit(&bob()).ok();
+        let theirs = t.join().unwrap();
+        assert_eq!(u8::from(mine.is_some()) + u8::from(theirs.is_some()), 1, "the tenant's cap of 1 was not kept");
+        assert_eq!((a.tracked_tenants(), a.snapshot().in_flight), (1, 1));
+        drop((mine, theirs));
+        assert_eq!(a.snapshot().in_flight, 0);
+        assert_eq!(a.busiest_tenants(1), Vec::new());
+    });
+}
+
+/// Two threads admit the first requests of two new tenants at once while the registry has room for one:
+/// the registry's global count (an atomic of the `sync` shim) is raised by exactly one of them, the other
+/// tenant is served as the overflow tenant, and neither state is evicted (both are in use). Each thread
+/// gets a permit: one charged to its own tenant, one to the overflow tenant's cap of one.
+#[test]
+fn two_new_tenants_racing_for_the_last_registry_place_track_one() {
+    loom::model(|| {
+        let a = Admission::builder()
+            .max_in_flight(4)
+            .queue_capacity(0)
+            .max_tenants(1)
+            .tenant_defaults(kvgate::TenantLimits::new().max_in_flight(1))
+            .deadline_timer(false)
+            .clock(kvgate::clock::ManualClock::new())
+            .build()
+            .unwrap();
+        let a2 = a.clone();
+        let t = thread::spawn(move || a2.try_admit(&Request::new(1, 0).tenant("bob")).ok());
+        let mine = a.try_admit(&Request::new(1, 0).tenant("alice")).ok();
+        let theirs = t.join().unwrap();
+        assert!(mine.is_some() && theirs.is_some(), "one tenant tracked, the other in the overflow tenant");
+        assert_eq!((a.tracked_tenants(), a.snapshot().in_flight), (1, 2));
+        drop((mine, theirs));
+        assert_eq!(a.snapshot().in_flight, 0);
     });
 }

@@ -3,16 +3,28 @@
 //! parking at a tenant's own limit), deadlines, resize and close — and a harness that applies the same
 //! operations to the real `Admission` (futures polled by hand) and to the model, and compares them after
 //! every step: every outcome, every gauge, every bucket, per tenant. Shared by
-//! `tests/admission_model.rs` (proptest) and the `admission_ops` fuzz target.
-#![allow(dead_code)]
+//! `tests/admission_model.rs` (proptest) and the `admission_ops` fuzz target; [`assert_idle`] by every test
+//! that checks an admission holds nothing.
 
-use kvgate::clock::ManualClock;
+use kvgate::clock::{Clock, ManualClock};
 use kvgate::{Admission, Admit, Permit, Priority, Rejection, Request, TenantId, TenantLimits};
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
+
+/// Asserts that `admission` holds nothing: no permit, no KV, no waiter (conservation, after a refusal or
+/// a fault).
+///
+/// # Panics
+///
+/// When it holds anything, at the caller's line, with the snapshot.
+#[track_caller]
+pub fn assert_idle<C: Clock>(admission: &Admission<C>) {
+    let s = admission.snapshot();
+    assert_eq!((s.in_flight, s.kv_used, s.queued), (0, 0, 0), "capacity still held: {s:?}");
+}
 
 /// Tenants the operations use (ids 0..TENANTS); tenant 0 has weight 2.
 pub const TENANTS: u8 = 3;
@@ -396,10 +408,6 @@ impl Model {
 
     fn tenant_parked_at_or_above(&self, t: u8, class: usize) -> bool {
         (class..3).any(|c| self.classes[c].flows.iter().any(|f| f.key == Some(t) && f.parked))
-    }
-
-    fn take(&mut self, kv: u64, tenant: Option<u8>) {
-        self.take_split(kv, kv, tenant);
     }
 
     /// Takes a slot and `need` global units, and `kv` of the tenant's.
@@ -851,7 +859,8 @@ pub struct Harness {
     permits: Vec<(Permit, usize)>,
 }
 
-fn poll_once(fut: &mut Admit) -> Poll<Result<Permit, Rejection>> {
+/// Polls a waiting admission once with a waker that does nothing (the tests poll again by hand).
+pub fn poll_once(fut: &mut Admit) -> Poll<Result<Permit, Rejection>> {
     Pin::new(fut).poll(&mut Context::from_waker(Waker::noop()))
 }
 

@@ -1,6 +1,6 @@
 //! Loom models of `TokenBucket`: every interleaving (up to `LOOM_MAX_PREEMPTIONS`) of small races.
 //!
-//! Run: `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test --release --test loom_bucket`
+//! Run: `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test --release --test bucket_loom`
 //!
 //! The clock is a `ManualClock` that does not move during a model, so every outcome is determined by the
 //! order of the atomic operations alone. The operation whose result is checked runs on the spawned thread:
