@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rm -rf target/criterion
-for bench in queue bucket admission waiting; do
+for bench in queue bucket admission waiting adaptive; do
   cargo bench --bench "$bench" -- --warm-up-time "${WARMUP:-2}" --measurement-time "${MEASURE:-5}"
 done
 python3 scripts/bench_report.py target/criterion

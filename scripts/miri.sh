@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Runs the tests that exercise unsafe code and the concurrent structures under miri (nightly):
-# the Vyukov queue's raw slots (src/queue.rs, the only unsafe in the crate), and everything built on it —
-# the waiting room, admission and bucket stress and model tests — with sizes scaled down by `cfg!(miri)`.
+# Runs the tests that exercise unsafe code and the concurrent structures under miri (nightly): the Vyukov
+# queue's raw slots (src/queue.rs), the waiting room's slab of never-moving chunks and its lock-free grant
+# check (src/admission/dispatcher/waiter.rs), the wake list's uninitialised slots
+# (src/admission/dispatcher/wake_list.rs), and what is built on them — the admission model, defect,
+# prefix, waiting, bucket and stress tests — with sizes scaled down by `cfg!(miri)`.
 #
 #   scripts/miri.sh                   # the default set below
 #   scripts/miri.sh --test queue_stress   # any cargo test arguments instead
@@ -24,7 +26,8 @@ if [ "$#" -gt 0 ]; then
   args=("$@")
 else
   args=(--lib --test queue_stress --test queue_proptest --test bucket_stress --test admission_stress
-        --test admission_proptest --test waiting_proptest --test admission)
+        --test admission_proptest --test waiting_proptest --test admission --test admission_model
+        --test admission_defects --test admission_prefix --test admission_deadline)
 fi
 # The bucket's no-drift unit tests step a clock through a simulated year (tens of thousands of steps of
 # pure integer arithmetic, no unsafe, no threads): minutes under miri for nothing miri can check.

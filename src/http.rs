@@ -341,9 +341,10 @@ const RATE_LIMIT_HEADERS: [[&str; 3]; 2] = [
 /// # Examples
 ///
 /// ```
+/// use kvgate::clock::ManualClock;
 /// use kvgate::{Admission, Request};
 ///
-/// let admission = Admission::builder().token_rate(100.0, 1_000).build()?;
+/// let admission = Admission::builder().token_rate(100.0, 1_000).clock(ManualClock::new()).build()?;
 /// admission.try_admit(&Request::new(200, 300)).unwrap().complete(300);
 /// let mut headers = http::HeaderMap::new();
 /// kvgate::http::insert_rate_limit_headers(&mut headers, &admission.rate_status(None));

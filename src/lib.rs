@@ -2,10 +2,12 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs, unsafe_op_in_unsafe_fn, missing_debug_implementations)]
 
+pub mod adaptive;
 mod admission;
 pub mod bucket;
 pub mod clock;
 mod error;
+pub mod feedback;
 pub mod kv;
 pub mod queue;
 pub mod retry;

@@ -189,7 +189,7 @@ fn completions_refund_the_output_not_produced() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(48))]
+    #![proptest_config(ProptestConfig::with_cases(if cfg!(miri) { 2 } else { 48 }))]
 
     /// The bound holds for random sizes and weights, three tenants.
     #[test]

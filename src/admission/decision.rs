@@ -31,6 +31,7 @@ use super::rates::{Charge, Charges, RateRefusal, Rates};
 use super::rejection::{Limit, Rejection};
 use super::request::Request;
 use super::reservation::ReservationState;
+use super::stats::{MAX_HINT, MIN_HINT};
 use super::tenant::{TenantHandle, TenantRegistry, TenantState};
 use crate::clock::Clock;
 use std::sync::Arc;
@@ -258,11 +259,30 @@ impl<C: Clock> Shared<C> {
         if self.core.dispatcher.queue_capacity() == 0 {
             return Attempt::Refused(self.refusal(held_by, request.priority.index(), tenant.as_deref()));
         }
+        if let Some(deadline) = request.ttft_deadline {
+            // Refuse now what would miss its start deadline, rather than let it wait and fail.
+            let class = request.priority.index();
+            let dispatcher = &self.core.dispatcher;
+            let load = self
+                .core
+                .resources()
+                .load(dispatcher.queued_at_or_above(class) as u64, dispatcher.queued_kv_at_or_above(class));
+            let predicted = load.predicted_wait(kv);
+            if predicted > deadline {
+                self.core.stats.count_shed(1);
+                let retry_after = (predicted - deadline).clamp(MIN_HINT, MAX_HINT);
+                return Attempt::Refused(Rejection::NoCapacity { retry_after });
+            }
+        }
         let total = request.total_tokens();
-        let limit = match (request.max_wait.map(crate::clock::duration_to_nanos), self.max_queue_wait) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+        let limit = [
+            request.max_wait.map(crate::clock::duration_to_nanos),
+            self.max_queue_wait,
+            request.ttft_deadline.map(crate::clock::duration_to_nanos),
+        ]
+        .into_iter()
+        .flatten()
+        .min();
         let limit = match (limit, wait.timeout.map(crate::clock::duration_to_nanos)) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -288,6 +308,7 @@ impl<C: Clock> Shared<C> {
             class: request.priority.index(),
             kv,
             split,
+            start_deadline: request.ttft_deadline.is_some(),
             deadline,
             tenant: tenant.clone(),
             notify: wait.notify,

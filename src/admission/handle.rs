@@ -206,6 +206,7 @@ impl<C: Clock> Admission<C> {
             closed: core.is_closed(),
             mean_hold: core.stats.hold.mean(),
             waker_panics: core.stats.waker_panics(),
+            shed: core.stats.shed(),
             prefixes,
             kv_saved_by_prefixes: core.stats.prefix_saved(),
         }

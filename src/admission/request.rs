@@ -87,13 +87,23 @@ pub struct Request {
     /// The cacheable prompt prefix it starts with, if it named one (see
     /// [`prefix_sharing`](crate::AdmissionBuilder::prefix_sharing)).
     pub prefix: Option<Prefix>,
+    /// How soon after it arrives it must start (see [`ttft_deadline`](Request::ttft_deadline)).
+    pub ttft_deadline: Option<Duration>,
 }
 
 impl Request {
     /// A request with `prompt_tokens` of input that may generate up to `max_new_tokens`.
     #[inline]
     pub const fn new(prompt_tokens: u32, max_new_tokens: u32) -> Self {
-        Self { prompt_tokens, max_new_tokens, priority: Priority::Normal, max_wait: None, tenant: None, prefix: None }
+        Self {
+            prompt_tokens,
+            max_new_tokens,
+            priority: Priority::Normal,
+            max_wait: None,
+            tenant: None,
+            prefix: None,
+            ttft_deadline: None,
+        }
     }
 
     /// Sets the priority class (default [`Priority::Normal`]).
@@ -154,6 +164,36 @@ impl Request {
     #[must_use]
     pub fn prefix(mut self, id: impl Into<PrefixId>, tokens: u32) -> Self {
         self.prefix = Some(Prefix { id: id.into(), tokens });
+        self
+    }
+
+    /// Sets a deadline for the request's start — its time to first token, less the engine's own prefill
+    /// time if you know it. kvgate predicts when a request that cannot start now would start, from the
+    /// work queued ahead of it and the rate at which permits are returned; a request predicted to miss its
+    /// deadline is refused at once ([`Rejection::NoCapacity`](crate::Rejection::NoCapacity), with a
+    /// `retry_after` of how much sooner the queue must drain) instead of waiting and failing. One that
+    /// waits never waits past its deadline ([`Rejection::TimedOut`](crate::Rejection::TimedOut)), and
+    /// leaves earlier when the admission sees it can no longer start in time (on
+    /// [`expire_waiters`](crate::Admission::expire_waiters) and the deadline timer's rounds).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use kvgate::{Admission, Rejection, Request};
+    /// use std::time::Duration;
+    ///
+    /// let admission = Admission::builder().max_in_flight(1).expected_hold_time(Duration::from_secs(10)).build()?;
+    /// let _busy = admission.try_admit(&Request::new(100, 100)).unwrap();
+    /// // The only slot is held for about 10 s: a request that must start within 2 s is refused at once.
+    /// let mut impatient = admission.admit(&Request::new(100, 100).ttft_deadline(Duration::from_secs(2)));
+    /// let refused = futures::FutureExt::now_or_never(&mut impatient).unwrap();
+    /// assert!(matches!(refused, Err(Rejection::NoCapacity { .. })));
+    /// # Ok::<(), kvgate::ConfigError>(())
+    /// ```
+    #[inline]
+    #[must_use]
+    pub const fn ttft_deadline(mut self, deadline: Duration) -> Self {
+        self.ttft_deadline = Some(deadline);
         self
     }
 

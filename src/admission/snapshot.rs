@@ -86,6 +86,9 @@ pub struct Snapshot {
     /// KV units requests did not have to reserve because their prefix was already held, since the
     /// admission was built (what prefix sharing saved, in the KV unit: tokens or bytes).
     pub kv_saved_by_prefixes: u64,
+    /// Requests refused, or ended while waiting, because they were predicted to miss their start deadline
+    /// ([`Request::ttft_deadline`](crate::Request::ttft_deadline)).
+    pub shed: u64,
     /// Wakers that panicked when the dispatcher woke them. The panic is contained: the waiter keeps its
     /// grant and admission goes on.
     pub waker_panics: u64,

@@ -69,6 +69,36 @@ pub(crate) fn capacity_hint(mean_hold: Duration, in_flight: u64, ahead: usize) -
     Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX)).clamp(MIN_HINT, MAX_HINT)
 }
 
+/// What the waiting room and the capacity words look like, for predicting when a request would start.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Load {
+    pub(crate) mean_hold: Duration,
+    pub(crate) slots_used: u64,
+    pub(crate) slot_limit: u64,
+    pub(crate) kv_used: u64,
+    pub(crate) kv_limit: u64,
+    /// Waiters ahead of it and the KV units they need.
+    pub(crate) ahead: u64,
+    pub(crate) ahead_kv: u64,
+}
+
+impl Load {
+    /// The predicted wait of a request of `kv` units behind `ahead` waiters: permits are returned at about
+    /// `slots_used / mean_hold` per second and KV at `kv_used / mean_hold` units per second, and the
+    /// request starts once the slots and the KV units it and those ahead need have come free. Zero when
+    /// they are free now.
+    pub(crate) fn predicted_wait(&self, kv: u64) -> Duration {
+        let hold = self.mean_hold.as_secs_f64();
+        let free_slots = self.slot_limit.saturating_sub(self.slots_used);
+        let slots_short = (self.ahead + 1).saturating_sub(free_slots);
+        let by_slots = if slots_short == 0 { 0.0 } else { slots_short as f64 * hold / self.slots_used.max(1) as f64 };
+        let free_kv = self.kv_limit.saturating_sub(self.kv_used);
+        let kv_short = self.ahead_kv.saturating_add(kv).saturating_sub(free_kv);
+        let by_kv = if kv_short == 0 { 0.0 } else { kv_short as f64 * hold / self.kv_used.max(1) as f64 };
+        Duration::try_from_secs_f64(by_slots.max(by_kv)).unwrap_or(MAX_HINT).min(MAX_HINT)
+    }
+}
+
 /// Monotonic statistics of one admission.
 #[derive(Debug)]
 pub(crate) struct Stats {
@@ -77,6 +107,8 @@ pub(crate) struct Stats {
     waker_panics: AtomicU64,
     /// KV units requests did not reserve because their shared prefix was held already.
     prefix_saved: AtomicU64,
+    /// Requests refused, or ended early, because they were predicted to miss their start deadline.
+    shed: AtomicU64,
     pub(crate) hold: HoldTime,
 }
 
@@ -87,6 +119,7 @@ impl Stats {
             rejected: CachePadded(std::array::from_fn(|_| AtomicU64::new(0))),
             waker_panics: AtomicU64::new(0),
             prefix_saved: AtomicU64::new(0),
+            shed: AtomicU64::new(0),
             hold: HoldTime::new(expected_hold),
         }
     }
@@ -123,6 +156,14 @@ impl Stats {
 
     pub(crate) fn prefix_saved(&self) -> u64 {
         self.prefix_saved.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn count_shed(&self, n: u64) {
+        self.shed.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub(crate) fn shed(&self) -> u64 {
+        self.shed.load(Ordering::Relaxed)
     }
 
     pub(crate) fn waker_panics(&self) -> u64 {

@@ -30,6 +30,7 @@ use super::gate::{Entry, Gate, GateContext};
 use super::report::{ClassReport, Failures, Percentiles, Report, TimeSeries, jain_index, nearest_rank};
 use super::scenario::Scenario;
 use super::workload::{Arrivals, PoissonArrivals, Profile};
+use crate::adaptive::Observation;
 use crate::clock::ManualClock;
 use crate::error::ConfigError;
 use crate::retry::{RetryHint, SplitMix64};
@@ -87,6 +88,7 @@ enum EventKind {
     WaitDeadline(Key),
     ClientTimeout(Key),
     Sample,
+    Control,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -138,6 +140,8 @@ struct Live {
     first_try: u64,
     tries: u32,
     first_token: Option<u64>,
+    /// When the current try entered the engine (what the gate sees as its admission).
+    entered: u64,
     phase: Phase,
 }
 
@@ -181,6 +185,7 @@ struct Tally {
     tenant_tokens: BTreeMap<u64, u64>,
     series: TimeSeries,
     interval_ttft: Vec<f64>,
+    interval_good: u64,
 }
 
 /// Runs `scenario` on `engine` behind the gate `make_gate` builds.
@@ -211,6 +216,7 @@ pub(crate) fn run(
         stepping: false,
         engine_events: Vec::new(),
         max_wait: gate.max_wait().map(nanos),
+        control_every: gate.control_interval().filter(|d| !d.is_zero()).map(nanos),
         gate,
         work_rng: SplitMix64::new(scenario.seed ^ WORKLOAD_STREAM),
         client_rng: SplitMix64::new(scenario.seed ^ CLIENT_STREAM),
@@ -249,6 +255,7 @@ struct Lab<'s> {
     engine_events: Vec<EngineEvent>,
     gate: Box<dyn Gate>,
     max_wait: Option<u64>,
+    control_every: Option<u64>,
     work_rng: SplitMix64,
     client_rng: SplitMix64,
     poisson: Option<PoissonArrivals>,
@@ -263,6 +270,9 @@ impl Lab<'_> {
     fn run(mut self) -> Report {
         self.schedule_first_arrivals();
         self.push(0, EventKind::Sample);
+        if let Some(every) = self.control_every {
+            self.push(every, EventKind::Control);
+        }
         while let Some(Reverse(event)) = self.events.pop() {
             if event.at > self.stop {
                 break;
@@ -284,6 +294,7 @@ impl Lab<'_> {
                 EventKind::WaitDeadline(key) => self.poll_waiting(key),
                 EventKind::ClientTimeout(key) => self.client_timeout(key),
                 EventKind::Sample => self.sample(),
+                EventKind::Control => self.control(),
             }
             self.poll_woken();
             self.kick_engine();
@@ -307,7 +318,9 @@ impl Lab<'_> {
             Arrivals::Employees { count, think_time, profile } => {
                 for employee in 0..count {
                     let at = match profile {
-                        Profile::Flat => (dist::unit(&mut self.work_rng) * think_time.as_nanos() as f64) as u64,
+                        Profile::Flat | Profile::Step { .. } => {
+                            (dist::unit(&mut self.work_rng) * think_time.as_nanos() as f64) as u64
+                        }
                         Profile::MorningRush { peak_at, spread, .. } => self.rush_start(peak_at, spread),
                     };
                     if at < self.arrivals_end {
@@ -352,14 +365,16 @@ impl Lab<'_> {
         let (tenant, human, prompt_dist, output_dist) = match (source, workload.heavy_user) {
             (Source::Script, Some(heavy)) => (SCRIPT_TENANT, false, heavy.prompt_tokens, heavy.output_tokens),
             (Source::Employee(employee), _) => {
-                (u64::from(employee), true, workload.prompt_tokens, workload.output_tokens)
+                let (prompt, output) = workload.lengths_at(Duration::from_nanos(self.now));
+                (u64::from(employee), true, prompt, output)
             }
             _ => {
                 let tenants = match workload.arrivals {
                     Arrivals::Poisson { tenants, .. } => u64::from(tenants),
                     Arrivals::Employees { count, .. } => u64::from(count),
                 };
-                (dist::below(&mut self.work_rng, tenants), true, workload.prompt_tokens, workload.output_tokens)
+                let (prompt, output) = workload.lengths_at(Duration::from_nanos(self.now));
+                (dist::below(&mut self.work_rng, tenants), true, prompt, output)
             }
         };
         let prompt = prompt_dist.sample(&mut self.work_rng);
@@ -373,6 +388,7 @@ impl Lab<'_> {
             first_try: self.now,
             tries: 0,
             first_token: None,
+            entered: 0,
             phase: Phase::Backoff,
         };
         let slot = match self.free.pop() {
@@ -452,11 +468,13 @@ impl Lab<'_> {
 
     fn enter_engine(&mut self, key: Key, permit: Option<Permit>) {
         let max_new = self.scenario.workload.max_new_tokens;
+        let now = self.now;
         let Some(live) = self.live_at(key) else { return };
         let (prompt, output) = (live.prompt, live.output);
         match self.engine.submit(key.tag(), prompt, max_new, output) {
             Ok(seq) => {
                 if let Some(live) = self.live_at(key) {
+                    live.entered = now;
                     live.phase = Phase::Engine { seq, permit };
                 }
             }
@@ -469,15 +487,22 @@ impl Lab<'_> {
     }
 
     fn client_timeout(&mut self, key: Key) {
+        let now = self.now;
         let Some(live) = self.live_at(key) else { return };
         if live.first_token.is_some() {
             return;
         }
+        let (prompt, entered) = (live.prompt, live.entered);
         match std::mem::replace(&mut live.phase, Phase::Backoff) {
             Phase::Backoff => {}
             Phase::Waiting(admit) => drop(admit),
             Phase::Engine { seq, permit } => {
                 self.engine.abort(seq);
+                self.gate.served(&Observation::Abandoned {
+                    prompt_tokens: prompt,
+                    admitted_at: Duration::from_nanos(entered),
+                    at: Duration::from_nanos(now),
+                });
                 drop(permit);
             }
         }
@@ -520,9 +545,14 @@ impl Lab<'_> {
                 EngineEvent::FirstToken { tag } => {
                     let now = self.now;
                     if let Some(live) = self.live_at(Key::from_tag(tag)) {
-                        let first_try = live.first_try;
+                        let (first_try, prompt, entered) = (live.first_try, live.prompt, live.entered);
                         live.first_token.get_or_insert(now);
                         self.tally.interval_ttft.push(secs(now - first_try));
+                        self.gate.served(&Observation::FirstToken {
+                            prompt_tokens: prompt,
+                            admitted_at: Duration::from_nanos(entered),
+                            at: Duration::from_nanos(now),
+                        });
                     }
                 }
                 EngineEvent::Finished { tag, output_tokens } => self.completed(Key::from_tag(tag), output_tokens),
@@ -538,13 +568,20 @@ impl Lab<'_> {
         if let Phase::Engine { permit: Some(permit), .. } = std::mem::replace(&mut live.phase, Phase::Backoff) {
             permit.complete(output_tokens);
         }
-        let ttft = live.first_token.unwrap_or(now) - live.first_try;
+        let first_token = live.first_token.unwrap_or(now);
+        let ttft = first_token - live.first_try;
         let e2e = now - live.first_try;
         let (human, tenant) = (live.human, live.tenant);
         let good = ttft <= nanos(slo.ttft) && e2e <= nanos(slo.e2e);
+        self.gate.served(&Observation::Finished {
+            output_tokens,
+            first_token_at: Duration::from_nanos(first_token),
+            at: Duration::from_nanos(now),
+        });
         let tally = &mut self.tally;
         tally.completed += 1;
         tally.good += u64::from(good);
+        tally.interval_good += u64::from(good);
         tally.ttft.push(secs(ttft));
         tally.e2e.push(secs(e2e));
         *tally.tenant_tokens.entry(tenant).or_insert(0) += u64::from(output_tokens);
@@ -619,10 +656,29 @@ impl Lab<'_> {
         interval.sort_by(f64::total_cmp);
         series.ttft_p90.push(if interval.is_empty() { f64::NAN } else { nearest_rank(interval, 0.9) });
         interval.clear();
+        series.goodput.push(self.tally.interval_good as f64 / self.scenario.sample_every.as_secs_f64());
+        self.tally.interval_good = 0;
+        series.max_in_flight.push(self.gate.max_in_flight().map_or(f64::NAN, |n| n as f64));
+        // The budget over the tensor-parallel group, against the engine's pool counted the same way.
+        let group_pool = status.kv_pool_bytes as f64 * f64::from(self.engine.plan().tensor_parallel());
+        series.kv_budget_percent.push(self.gate.kv_budget().map_or(f64::NAN, |b| 100.0 * b as f64 / group_pool));
         self.gate.observe(Duration::from_nanos(self.now), &status);
         let next = self.now.saturating_add(nanos(self.scenario.sample_every));
         if (self.now < self.arrivals_end || self.live > 0) && next <= self.stop {
             self.push(next, EventKind::Sample);
+        }
+    }
+
+    /// Lets the gate adjust its limits from the engine's state, and schedules the next control event
+    /// (while the run goes on, like samples).
+    fn control(&mut self) {
+        let status = self.engine.status();
+        self.gate.control(Duration::from_nanos(self.now), &status);
+        if let Some(every) = self.control_every {
+            let next = self.now.saturating_add(every);
+            if (self.now < self.arrivals_end || self.live > 0) && next <= self.stop {
+                self.push(next, EventKind::Control);
+            }
         }
     }
 

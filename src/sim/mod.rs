@@ -14,7 +14,10 @@
 //! [`ManualClock`](crate::clock::ManualClock) with `deadline_timer(false)`: the lab sets the clock to
 //! each event's time, calls `try_admit` or polls the `admit` future by hand with its own waker, and drops
 //! or completes permits when requests leave the engine. Nothing is re-implemented: a change to the
-//! admission core changes what the lab measures. A new policy is judged by implementing [`Gate`].
+//! admission core changes what the lab measures. A new policy is judged by implementing [`Gate`]; the
+//! [`PolicyGate`] runs the adaptive concurrency controller ([`crate::adaptive`]) and engine feedback
+//! ([`crate::feedback`]) inside the lab, fed as a gateway feeds them (every first token, last token and
+//! abandoned request; the engine's counters rendered as vLLM's `/metrics` text).
 //!
 //! # Determinism
 //! A run is a pure function of its scenario: one seeded [`SplitMix64`](crate::retry::SplitMix64) stream
@@ -58,13 +61,16 @@
 mod client;
 mod dist;
 mod engine;
+mod exposition;
 mod gate;
 mod lab;
 mod planner;
 pub mod plot;
+mod policy_gate;
 mod report;
 mod roofline;
 mod scenario;
+mod spec;
 mod workload;
 
 pub use client::{ClientPolicy, IMMEDIATE_RETRY_GAP, RetryKind};
@@ -73,9 +79,11 @@ pub use engine::{
     DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, Engine, EngineConfig, EngineEvent, EngineRefusal,
     EngineStatus, SeqId,
 };
-pub use gate::{AdmissionGate, AdmissionSpec, Entry, Gate, GateContext, GateSpec, NoGate, Pricing};
+pub use gate::{AdmissionGate, Entry, Gate, GateContext, NoGate};
 pub use planner::{Candidate, PlanRequest, Recommendation, plan};
+pub use policy_gate::{FeedbackSetup, PolicyGate};
 pub use report::{ClassReport, Failures, Percentiles, Report, TimeSeries, jain_index};
 pub use roofline::{DEFAULT_COMPUTE_EFFICIENCY, Hardware, Roofline};
 pub use scenario::{Scenario, Slo};
-pub use workload::{Arrivals, HeavyUser, PoissonArrivals, Profile, Workload};
+pub use spec::{AdmissionSpec, GateSpec, Pricing};
+pub use workload::{Arrivals, HeavyUser, MixShift, PoissonArrivals, Profile, Workload};

@@ -11,9 +11,9 @@
 use super::client::ClientPolicy;
 use super::dist::LengthDist;
 use super::engine::{Engine, EngineConfig};
-use super::gate::{AdmissionSpec, GateSpec};
 use super::report::Report;
 use super::scenario::{Scenario, Slo};
+use super::spec::{AdmissionSpec, GateSpec};
 use super::workload::{Arrivals, Workload};
 use crate::error::ConfigError;
 use crate::kv::GpuPlan;

@@ -47,28 +47,85 @@ const FONT: &str = "sans-serif";
 
 type Metric = fn(&TimeSeries) -> &[f64];
 
+/// One panel of a time-series plot: a [`TimeSeries`] field over time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Panel {
+    /// Requests waiting (gate queue and engine queue).
+    Waiting,
+    /// Sequences running in the engine.
+    Running,
+    /// KV pool in use, percent.
+    KvPercent,
+    /// TTFT p90 of each interval, log scale.
+    TtftP90,
+    /// Good requests per second of each interval.
+    Goodput,
+    /// The gate's in-flight limit.
+    MaxInFlight,
+    /// The gate's KV budget, percent of the pool.
+    KvBudgetPercent,
+}
+
+impl Panel {
+    /// The four panels of [`time_series`].
+    pub const OVERLOAD: [Panel; 4] = [Panel::Waiting, Panel::Running, Panel::KvPercent, Panel::TtftP90];
+
+    fn caption(self) -> &'static str {
+        match self {
+            Panel::Waiting => "requests waiting (gate queue + engine queue)",
+            Panel::Running => "sequences running in the engine",
+            Panel::KvPercent => "KV pool in use (%)",
+            Panel::TtftP90 => "TTFT p90 of each interval (s, log scale)",
+            Panel::Goodput => "good requests per second (each interval)",
+            Panel::MaxInFlight => "the gate's in-flight limit (max_in_flight)",
+            Panel::KvBudgetPercent => "the gate's KV budget (% of the engine's pool)",
+        }
+    }
+
+    fn metric(self) -> Metric {
+        match self {
+            Panel::Waiting => |s| &s.waiting,
+            Panel::Running => |s| &s.running,
+            Panel::KvPercent => |s| &s.kv_percent,
+            Panel::TtftP90 => |s| &s.ttft_p90,
+            Panel::Goodput => |s| &s.goodput,
+            Panel::MaxInFlight => |s| &s.max_in_flight,
+            Panel::KvBudgetPercent => |s| &s.kv_budget_percent,
+        }
+    }
+
+    fn log(self) -> bool {
+        self == Panel::TtftP90
+    }
+}
+
 /// Four stacked panels over time, one line per report (labelled with its gate): requests waiting (gate
 /// queue and engine queue), sequences running, KV pool in use, and the p90 TTFT of the first tokens of
-/// each interval (log scale).
+/// each interval (log scale). The same as [`panels`] with [`Panel::OVERLOAD`].
 ///
 /// # Errors
 ///
 /// [`PlotError`] if the backend fails.
 pub fn time_series(reports: &[Report], title: &str) -> Result<String, PlotError> {
+    panels(reports, title, &Panel::OVERLOAD)
+}
+
+/// Stacked panels over time, one per entry of `panels` (300 pixels high each), one line per report
+/// (labelled with its gate).
+///
+/// # Errors
+///
+/// [`PlotError`] if the backend fails.
+pub fn panels(reports: &[Report], title: &str, panels: &[Panel]) -> Result<String, PlotError> {
     let mut svg = String::new();
     {
-        let root = SVGBackend::with_string(&mut svg, (1000, 1200)).into_drawing_area();
+        let height = 300 * panels.len().max(1) as u32;
+        let root = SVGBackend::with_string(&mut svg, (1000, height)).into_drawing_area();
         root.fill(&WHITE)?;
         let root = root.titled(title, (FONT, 22))?;
-        let panels = root.split_evenly((4, 1));
-        let metrics: [(&str, Metric, bool); 4] = [
-            ("requests waiting (gate queue + engine queue)", |s| &s.waiting, false),
-            ("sequences running in the engine", |s| &s.running, false),
-            ("KV pool in use (%)", |s| &s.kv_percent, false),
-            ("TTFT p90 of each interval (s, log scale)", |s| &s.ttft_p90, true),
-        ];
-        for (panel, (name, metric, log)) in panels.iter().zip(metrics) {
-            series_panel(panel, reports, name, metric, log)?;
+        let areas = root.split_evenly((panels.len().max(1), 1));
+        for (area, panel) in areas.iter().zip(panels) {
+            series_panel(area, reports, panel.caption(), panel.metric(), panel.log())?;
         }
         root.present()?;
     }

@@ -116,6 +116,12 @@ pub struct TimeSeries {
     /// 90th percentile of the TTFTs of first tokens produced since the previous sample, seconds (NaN
     /// when none was).
     pub ttft_p90: Vec<f64>,
+    /// Good requests completed since the previous sample, per second.
+    pub goodput: Vec<f64>,
+    /// The gate's in-flight limit (NaN when it has none).
+    pub max_in_flight: Vec<f64>,
+    /// The gate's KV budget, percent of the engine's pool (NaN when it has none).
+    pub kv_budget_percent: Vec<f64>,
 }
 
 /// The measures of one run. `Debug` prints every field; two runs of the same scenario print the same

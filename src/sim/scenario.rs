@@ -3,10 +3,12 @@
 
 use super::client::ClientPolicy;
 use super::engine::{Engine, EngineConfig};
-use super::gate::{Gate, GateContext, GateSpec};
+use super::gate::{Gate, GateContext};
 use super::lab;
 use super::report::Report;
-use super::workload::Workload;
+use super::spec::GateSpec;
+use super::workload::{Arrivals, MixShift, Profile, Workload};
+use crate::adaptive::AdaptiveConfig;
 use crate::error::ConfigError;
 use crate::kv::GpuPlan;
 use std::time::Duration;
@@ -89,6 +91,105 @@ impl Scenario {
             drain: Duration::from_secs(300),
             sample_every: Duration::from_secs(5),
         }
+    }
+
+    /// Chat traffic ([`Workload::chat`]: Poisson arrivals over 200 employees, flat) at `factor` × what
+    /// `engine` sustains for it ([`Engine::capacity_estimate`]), for `duration`, with two minutes of drain.
+    ///
+    /// # Errors
+    ///
+    /// As [`Engine::new`]; [`ConfigError`] for a `factor` that is not finite and positive.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use kvgate::kv::{GpuPlan, KvDtype, ModelSpec};
+    /// use kvgate::sim::{Arrivals, EngineConfig, Scenario};
+    /// use std::time::Duration;
+    ///
+    /// let plan = GpuPlan::builder(ModelSpec::preset("llama-3.1-8b")?).gpu("h100-80").build()?;
+    /// let engine = EngineConfig::for_plan(&plan, KvDtype::Bf16)?;
+    /// let scenario = Scenario::overloaded(plan, engine, 2.0, Duration::from_secs(600))?;
+    /// let Arrivals::Poisson { rate, .. } = scenario.workload.arrivals else { unreachable!() };
+    /// assert!((35.0..45.0).contains(&rate)); // 2 × about 20 requests/s
+    /// # Ok::<(), kvgate::ConfigError>(())
+    /// ```
+    pub fn overloaded(
+        plan: GpuPlan,
+        engine: EngineConfig,
+        factor: f64,
+        duration: Duration,
+    ) -> Result<Self, ConfigError> {
+        super::roofline::positive("overload factor", factor)?;
+        let mut scenario = Scenario::new(
+            plan,
+            engine,
+            Workload::chat(Arrivals::Poisson { rate: 1.0, profile: Profile::Flat, tenants: 200 }),
+        );
+        let (prompt, output) = scenario.workload.mean_lengths();
+        let capacity = scenario.build_engine()?.capacity_estimate(prompt, output);
+        scenario.workload.arrivals =
+            Arrivals::Poisson { rate: factor * capacity, profile: Profile::Flat, tenants: 200 };
+        scenario.name = format!("chat {factor}x");
+        scenario.duration = duration;
+        scenario.drain = Duration::from_secs(120);
+        Ok(scenario)
+    }
+
+    /// [`overloaded`](Self::overloaded), but halfway through the chats give way to long documents
+    /// ([`MixShift::documents`]), and the arrival rate to `factor` × what the engine sustains for them: the
+    /// same overload on both halves, for traffic that no single static limit suits.
+    ///
+    /// # Errors
+    ///
+    /// As [`overloaded`](Self::overloaded).
+    pub fn chats_then_documents(
+        plan: GpuPlan,
+        engine: EngineConfig,
+        factor: f64,
+        duration: Duration,
+    ) -> Result<Self, ConfigError> {
+        let mut scenario = Self::overloaded(plan, engine, factor, duration)?;
+        let shift = MixShift::documents(duration / 2);
+        scenario.workload.shift = Some(shift);
+        let engine = scenario.build_engine()?;
+        let (prompt, output) = scenario.workload.mean_lengths();
+        let (doc_prompt, doc_output) = scenario.workload.mean_lengths_after_shift();
+        let (chats, documents) =
+            (engine.capacity_estimate(prompt, output), engine.capacity_estimate(doc_prompt, doc_output));
+        scenario.workload.arrivals = Arrivals::Poisson {
+            rate: factor * chats,
+            profile: Profile::Step { at: shift.at, after: (documents / chats).min(1.0) },
+            tenants: 200,
+        };
+        scenario.name = format!("chats then documents {factor}x");
+        Ok(scenario)
+    }
+
+    /// The adaptive controller as an operator of this scenario configures it: from its SLOs alone — the
+    /// TTFT SLO, and the end-to-end SLO spread over `max_new_tokens` as a time per output token — with at
+    /// least 4 requests in flight.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use kvgate::kv::{GpuPlan, KvDtype, ModelSpec};
+    /// use kvgate::sim::{EngineConfig, GateSpec, Pricing, Scenario};
+    /// use std::time::Duration;
+    ///
+    /// let plan = GpuPlan::builder(ModelSpec::preset("llama-3.1-8b")?).gpu("h100-80").build()?;
+    /// let engine = EngineConfig::for_plan(&plan, KvDtype::Bf16)?;
+    /// let mut scenario = Scenario::overloaded(plan, engine, 2.0, Duration::from_secs(60))?;
+    /// let config = scenario.adaptive_config();
+    /// assert_eq!(config.tpot_slo, Some(Duration::from_secs(60) / 1024));
+    /// scenario.gate = GateSpec::adaptive(Pricing::Count, config);
+    /// let report = scenario.run()?;
+    /// assert!(report.series.max_in_flight.iter().any(|&limit| limit > 16.0)); // it grew from 16
+    /// # Ok::<(), kvgate::ConfigError>(())
+    /// ```
+    pub fn adaptive_config(&self) -> AdaptiveConfig {
+        let tpot = self.slo.e2e / self.workload.max_new_tokens.max(1);
+        AdaptiveConfig { tpot_slo: Some(tpot), min_limit: 4, ..AdaptiveConfig::new(self.slo.ttft) }
     }
 
     /// Checks every setting that can be checked without building the engine.

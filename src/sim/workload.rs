@@ -19,6 +19,8 @@ use std::time::Duration;
 /// assert_eq!(rush.level(Duration::from_secs(600)), 1.0);
 /// assert!(rush.level(Duration::from_secs(0)) < 0.3);
 /// assert_eq!(Profile::Flat.level(Duration::from_secs(5)), 1.0);
+/// let step = Profile::Step { at: Duration::from_secs(900), after: 0.25 };
+/// assert_eq!((step.level(Duration::from_secs(899)), step.level(Duration::from_secs(900))), (1.0, 0.25));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Profile {
@@ -35,6 +37,14 @@ pub enum Profile {
         /// The rate far from the peak, as a share of the peak rate, in `[0, 1]`.
         floor: f64,
     },
+    /// The full rate until `at`, then `after` of it (a traffic change, such as a [`MixShift`] to longer
+    /// requests that the same engine serves fewer of); employees arrive at work as with [`Profile::Flat`].
+    Step {
+        /// When the rate changes.
+        at: Duration,
+        /// The rate from then on, as a share of the rate before, in `[0, 1]`.
+        after: f64,
+    },
 }
 
 impl Profile {
@@ -42,6 +52,13 @@ impl Profile {
     pub fn level(&self, at: Duration) -> f64 {
         match *self {
             Profile::Flat => 1.0,
+            Profile::Step { at: change, after } => {
+                if at < change {
+                    1.0
+                } else {
+                    after
+                }
+            }
             Profile::MorningRush { peak_at, spread, floor } => {
                 let z = (at.as_secs_f64() - peak_at.as_secs_f64()) / spread.as_secs_f64();
                 floor + (1.0 - floor) * (-0.5 * z * z).exp()
@@ -52,6 +69,15 @@ impl Profile {
     fn validate(&self) -> Result<(), ConfigError> {
         match *self {
             Profile::Flat => Ok(()),
+            Profile::Step { after, .. } => {
+                if !(0.0..=1.0).contains(&after) {
+                    return Err(ConfigError::OutOfRange {
+                        what: "step profile share after the change",
+                        reason: format!("{after}; use a share of the earlier rate in [0, 1]"),
+                    });
+                }
+                Ok(())
+            }
             Profile::MorningRush { spread, floor, .. } => {
                 if spread.is_zero() {
                     return Err(ConfigError::Zero { what: "morning rush spread" });
@@ -170,6 +196,49 @@ impl HeavyUser {
     }
 }
 
+/// A change of the employees' request lengths during the run: from `at` on, prompts and answers follow
+/// these distributions instead of the workload's (a company's chat traffic giving way to a batch of long
+/// documents, the case where any limit tuned for one half is wrong for the other).
+///
+/// # Examples
+///
+/// ```
+/// use kvgate::sim::{Arrivals, MixShift, Profile, Workload};
+/// use std::time::Duration;
+///
+/// let mut workload = Workload::chat(Arrivals::Poisson { rate: 40.0, profile: Profile::Flat, tenants: 200 });
+/// workload.shift = Some(MixShift::documents(Duration::from_secs(900)));
+/// let (chat_prompt, _) = workload.mean_lengths();
+/// let (document_prompt, _) = workload.mean_lengths_after_shift();
+/// assert!(document_prompt > 6.0 * chat_prompt); // about 6,500 against 990 tokens
+/// workload.validate()?;
+/// # Ok::<(), kvgate::ConfigError>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MixShift {
+    /// When the lengths change.
+    pub at: Duration,
+    /// Prompt lengths from then on.
+    pub prompt_tokens: LengthDist,
+    /// Answer lengths from then on (clamped to the workload's `max_new_tokens`).
+    pub output_tokens: LengthDist,
+}
+
+impl MixShift {
+    /// Long documents from `at` on: prompts log-normal with a median of 6,000 tokens, σ 0.4, clamped to
+    /// 1,000..=16,000 (mean ≈ 6,500); answers as in [`Workload::chat`] (median 250, σ 0.7).
+    pub fn documents(at: Duration) -> Self {
+        Self {
+            at,
+            prompt_tokens: LengthDist::LogNormal { median: 6000.0, sigma: 0.4, min: 1000, max: 16_000 },
+            output_tokens: CHAT_OUTPUT,
+        }
+    }
+}
+
+/// Answer lengths of [`Workload::chat`].
+const CHAT_OUTPUT: LengthDist = LengthDist::LogNormal { median: 250.0, sigma: 0.7, min: 8, max: 1024 };
+
 /// The traffic of a scenario.
 ///
 /// # Default parameters ([`Workload::chat`])
@@ -213,6 +282,8 @@ pub struct Workload {
     pub max_new_tokens: u32,
     /// An optional scripted heavy user on top.
     pub heavy_user: Option<HeavyUser>,
+    /// An optional change of the employees' request lengths during the run.
+    pub shift: Option<MixShift>,
 }
 
 impl Workload {
@@ -221,9 +292,10 @@ impl Workload {
         Self {
             arrivals,
             prompt_tokens: LengthDist::LogNormal { median: 600.0, sigma: 1.0, min: 16, max: 12_000 },
-            output_tokens: LengthDist::LogNormal { median: 250.0, sigma: 0.7, min: 8, max: 1024 },
+            output_tokens: CHAT_OUTPUT,
             max_new_tokens: 1024,
             heavy_user: None,
+            shift: None,
         }
     }
 
@@ -264,6 +336,10 @@ impl Workload {
         }
         self.prompt_tokens.validate("prompt length distribution")?;
         self.output_tokens.validate("output length distribution")?;
+        if let Some(shift) = &self.shift {
+            shift.prompt_tokens.validate("mix shift prompt length distribution")?;
+            shift.output_tokens.validate("mix shift output length distribution")?;
+        }
         if let Some(heavy) = &self.heavy_user {
             if heavy.streams == 0 {
                 return Err(ConfigError::Zero { what: "heavy user streams" });
@@ -274,9 +350,26 @@ impl Workload {
         Ok(())
     }
 
-    /// The mean `(prompt, answer)` lengths of the employees' requests.
+    /// The mean `(prompt, answer)` lengths of the employees' requests (before any [`MixShift`]).
     pub fn mean_lengths(&self) -> (f64, f64) {
         let output = self.output_tokens.capped_at(self.max_new_tokens).mean();
         (self.prompt_tokens.mean(), output)
+    }
+
+    /// The mean `(prompt, answer)` lengths after the [`MixShift`] (the same as
+    /// [`mean_lengths`](Self::mean_lengths) without one).
+    pub fn mean_lengths_after_shift(&self) -> (f64, f64) {
+        match &self.shift {
+            Some(shift) => (shift.prompt_tokens.mean(), shift.output_tokens.capped_at(self.max_new_tokens).mean()),
+            None => self.mean_lengths(),
+        }
+    }
+
+    /// The distributions of `(prompt, answer)` lengths of an employee's request arriving at `at`.
+    pub(crate) fn lengths_at(&self, at: Duration) -> (LengthDist, LengthDist) {
+        match &self.shift {
+            Some(shift) if at >= shift.at => (shift.prompt_tokens, shift.output_tokens),
+            _ => (self.prompt_tokens, self.output_tokens),
+        }
     }
 }

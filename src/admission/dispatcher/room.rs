@@ -31,10 +31,10 @@ use super::wake_list::WakeList;
 use crate::Priority;
 use crate::admission::capacity::{Capacity, Credit, Limit as KvLimit, Shortage};
 use crate::admission::prefix::{PrefixId, PrefixTable, Sharing, Split};
-use crate::admission::stats::{Stats, capacity_hint};
+use crate::admission::stats::{Load, Stats, capacity_hint};
 use crate::admission::tenant::{FlowKey, TenantHandle};
 use crate::admission::{Limit, Rejection};
-use crate::sync::{self, AtomicUsize, Mutex, MutexGuard, Ordering};
+use crate::sync::{self, AtomicU64, AtomicUsize, Mutex, MutexGuard, Ordering};
 use std::sync::Arc;
 use std::task::Waker;
 
@@ -56,6 +56,9 @@ pub(crate) struct NewWaiter {
     pub(crate) split: Option<Split>,
     /// Its weighted token cost for token fairness (0 with request fairness).
     pub(crate) cost: u64,
+    /// Its deadline is a start deadline (`Request::ttft_deadline`): it may leave early once it cannot
+    /// start in time.
+    pub(crate) start_deadline: bool,
     pub(crate) deadline: u64,
     pub(crate) tenant: Option<Arc<dyn TenantHandle>>,
     pub(crate) notify: Notify,
@@ -96,6 +99,8 @@ struct Room {
     /// capacity word is written only when a bit really changes.
     held_back: [bool; Priority::COUNT],
     deadlines: Deadlines,
+    /// Waiters with a start deadline (the early-leave scan runs only when there are some).
+    start_deadlines: usize,
     closed: bool,
 }
 
@@ -105,6 +110,8 @@ pub(crate) struct Dispatcher {
     room: Mutex<Room>,
     /// `queued[c]` mirrored for lock-free reads (snapshots, hints).
     queued: [AtomicUsize; Priority::COUNT],
+    /// KV units the waiters of each class need (for start predictions).
+    queued_kv: [AtomicU64; Priority::COUNT],
     queue_capacity: usize,
 }
 
@@ -117,9 +124,11 @@ impl Dispatcher {
                 classes: std::array::from_fn(|_| FairQueue::new(token_fairness)),
                 held_back: [false; Priority::COUNT],
                 deadlines: Deadlines::default(),
+                start_deadlines: 0,
                 closed: false,
             }),
             queued: std::array::from_fn(|_| AtomicUsize::new(0)),
+            queued_kv: std::array::from_fn(|_| AtomicU64::new(0)),
             queue_capacity,
         }
     }
@@ -136,6 +145,11 @@ impl Dispatcher {
     /// Waiters of `class` and every higher class: those a new request of `class` queues behind.
     pub(crate) fn queued_at_or_above(&self, class: usize) -> usize {
         (class..Priority::COUNT).map(|c| self.queued_in(c)).sum()
+    }
+
+    /// KV units the waiters of `class` and every higher class need.
+    pub(crate) fn queued_kv_at_or_above(&self, class: usize) -> u64 {
+        (class..Priority::COUNT).map(|c| self.queued_kv[c].load(Ordering::Relaxed)).sum()
     }
 
     /// Waiters of every class.
@@ -168,6 +182,8 @@ impl Dispatcher {
         let mut waiter = Waiter::new(class, held.kv, new.deadline, new.notify);
         waiter.prefix = held.prefix;
         waiter.cost = new.cost;
+        waiter.start_deadline = new.start_deadline;
+        room.start_deadlines += usize::from(new.start_deadline);
         let key = room.waiters.insert(waiter);
         let flow_key = new.tenant.as_ref().map_or(FlowKey::Anonymous, |t| t.core().flow);
         let Room { waiters, classes, .. } = &mut *room;
@@ -175,7 +191,7 @@ impl Dispatcher {
             // Invariant 1: the bit before any attempt to grant.
             room.hold_back(res, class);
         }
-        self.count(class, new.tenant.as_deref(), 1);
+        self.count(class, new.tenant.as_deref(), 1, held.kv);
         let deadline_added = (new.deadline != u64::MAX).then(|| room.deadlines.push(new.deadline, key));
         if deadline_added.is_some() {
             let Room { waiters, deadlines, .. } = &mut *room;
@@ -407,6 +423,31 @@ impl Dispatcher {
                 ended += 1;
             }
         }
+        // Waiters with a start deadline that can no longer be met leave now rather than at it: not even
+        // with nobody ahead would capacity for them come free in time.
+        let load = res.load(0, 0);
+        let keys = if room.start_deadlines == 0 { Vec::new() } else { room.waiters.waiting_keys() };
+        for key in keys {
+            let Some(waiter) = room.waiters.lookup(key) else { continue };
+            if !waiter.start_deadline
+                || now.saturating_add(duration_nanos(load.predicted_wait(waiter.kv))) <= waiter.deadline
+            {
+                continue;
+            }
+            if wakes.is_full() {
+                drop(room);
+                self.wake(res, &mut wakes);
+                room = sync::lock(&self.room);
+                if room.waiters.lookup(key).is_none_or(|w| w.state != WaitState::Waiting) {
+                    continue;
+                }
+            }
+            if let Some(wake) = room.leave(res, self, key.index(), WaitState::TimedOut) {
+                wakes.push(wake);
+            }
+            res.stats.count_shed(1);
+            ended += 1;
+        }
         if ended != 0 {
             room = self.run_passes(res, room, &mut wakes);
         }
@@ -458,15 +499,36 @@ impl Dispatcher {
         }
     }
 
-    /// Counts waiters of `class` in or out (under the lock).
-    fn count(&self, class: usize, tenant: Option<&dyn TenantHandle>, delta: i64) {
+    /// Counts a waiter of `class` needing `kv` units in or out (under the lock).
+    fn count(&self, class: usize, tenant: Option<&dyn TenantHandle>, delta: i64, kv: u64) {
         if delta > 0 {
             self.queued[class].fetch_add(1, Ordering::Relaxed);
+            self.queued_kv[class].fetch_add(kv, Ordering::Relaxed);
         } else {
             self.queued[class].fetch_sub(1, Ordering::Relaxed);
+            self.queued_kv[class].fetch_sub(kv, Ordering::Relaxed);
         }
         if let Some(tenant) = tenant {
             tenant.core().add_queued(delta);
+        }
+    }
+}
+
+fn duration_nanos(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+impl Resources<'_> {
+    /// The load a start prediction reads, with `ahead` waiters needing `ahead_kv` units before it.
+    pub(crate) fn load(&self, ahead: u64, ahead_kv: u64) -> Load {
+        Load {
+            mean_hold: self.stats.hold.mean(),
+            slots_used: self.capacity.slots_used(),
+            slot_limit: self.capacity.slot_limit(),
+            kv_used: self.capacity.kv_used(),
+            kv_limit: self.kv_limit.get(),
+            ahead,
+            ahead_kv,
         }
     }
 }
@@ -526,7 +588,8 @@ impl Room {
                 tenant.core().capacity.clear_held_back(class);
             }
         }
-        d.count(class, tenant.as_deref(), -1);
+        d.count(class, tenant.as_deref(), -1, self.waiters.get(index).kv);
+        self.start_deadlines -= usize::from(self.waiters.get(index).start_deadline);
         if self.classes[class].ring_is_empty() {
             self.clear_held_back(res, class);
         }
@@ -598,7 +661,8 @@ impl Room {
                     // Global capacity is short (or closed): nobody passes this head.
                     return false;
                 }
-                d.count(class, self.classes[class].tenant(flow).map(|t| t.as_ref()), -1);
+                d.count(class, self.classes[class].tenant(flow).map(|t| t.as_ref()), -1, kv);
+                self.start_deadlines -= usize::from(self.waiters.get(index).start_deadline);
                 if let Some(id) = prefix {
                     res.stats.count_prefix_saved(self.prefixes.stop_waiting(id, true));
                 }

@@ -110,6 +110,8 @@ pub(crate) struct Waiter {
     pub(crate) prefix: Option<crate::admission::prefix::PrefixId>,
     /// Its weighted token cost (token fairness).
     pub(crate) cost: u64,
+    /// Its deadline is a start deadline: it leaves early once it cannot start in time.
+    pub(crate) start_deadline: bool,
     /// Its flow in its class's fair queue.
     pub(crate) flow: u32,
     /// Neighbours in its flow's queue (older, newer).
@@ -128,6 +130,7 @@ impl Waiter {
             kv,
             prefix: None,
             cost: 0,
+            start_deadline: false,
             flow: 0,
             prev: None,
             next: None,
