@@ -53,6 +53,9 @@ impl Endpoint {
 /// forwarded body has each one that is present, and `max_tokens` always, set to the reservation.
 pub const GENERATION_LIMITS: [&str; 4] = ["max_completion_tokens", "max_tokens", "n_predict", "max_new_tokens"];
 
+/// The longest `user` field kept.
+const MAX_USER: usize = 256;
+
 /// The default output reservation of a request without a generation limit.
 pub const DEFAULT_MAX_TOKENS: u32 = 512;
 
@@ -170,6 +173,8 @@ impl Parser {
             Some(_) => return Err(ParseError::InvalidType { field: "model", expected: "a string" }),
         };
         let stream = optional_bool(&json, "stream")?.unwrap_or(false);
+        // OpenAI's end-user id; a gateway may name tenants by it. Kept only when short.
+        let user = json.get("user").and_then(Value::as_str).filter(|u| u.len() <= MAX_USER).map(str::to_owned);
         let include_usage = match json.get("stream_options") {
             Some(Value::Object(options)) => options.get("include_usage").and_then(Value::as_bool).unwrap_or(false),
             _ => false,
@@ -204,6 +209,7 @@ impl Parser {
             max_tokens,
             max_tokens_defaulted: defaulted,
             prefix,
+            user,
             body,
         })
     }
@@ -233,6 +239,8 @@ pub struct CompletionRequest {
     /// Engines with prefix caching keep one copy of it for every running request that shares it (see
     /// [`prefix_sharing`](crate::AdmissionBuilder::prefix_sharing)).
     pub prefix: Option<crate::Prefix>,
+    /// OpenAI's `user` field (an end-user id), when it is a string of at most 256 bytes.
+    pub user: Option<String>,
     /// The body to forward.
     body: Bytes,
 }
@@ -274,7 +282,7 @@ impl CompletionRequest {
 
     /// Bytes held for forwarding (what a queued request costs in memory, besides this struct).
     pub fn held_bytes(&self) -> usize {
-        self.body.len() + self.model.len()
+        self.body.len() + self.model.len() + self.user.as_ref().map_or(0, String::len)
     }
 
     /// A counter for the answer's output tokens (see [`OutputTokens`]).
