@@ -411,14 +411,15 @@ mod tests {
 
     #[test]
     fn reservations_cannot_spend_past_a_budget_and_periods_roll() {
-        let secs = Arc::new(std::sync::atomic::AtomicU64::new(1_709_208_000));
+        // 2024-02-10 12:00 UTC.
+        let secs = Arc::new(std::sync::atomic::AtomicU64::new(1_707_566_400));
         let limits = vec![BudgetLimits { name: "a".into(), daily: Some(1_000), monthly: Some(1_500) }];
         let budgets = Budgets::new(limits, None, clock_at(&secs)).unwrap();
         let a = TenantId::from("a");
         assert!(budgets.reserve(TenantId::from("nobody"), 1, 10).unwrap().is_none());
         let first = budgets.reserve(a, 100, 600).unwrap().unwrap();
         let refused = budgets.reserve(a, 100, 600).unwrap_err();
-        assert_eq!((refused.period, refused.used, refused.renews_at_rfc3339().as_str()), (Period::Day, 600, "2024-03-01T00:00:00Z"));
+        assert_eq!((refused.period, refused.used, refused.renews_at_rfc3339().as_str()), (Period::Day, 600, "2024-02-11T00:00:00Z"));
         first.settle(Some(150)); // 100 prompt + 150 output
         assert_eq!(budgets.usage_of("a").0.day_tokens, 250);
         drop(budgets.reserve(a, 100, 700).unwrap().unwrap()); // refused by admission: charges nothing

@@ -3,7 +3,7 @@
 //!
 //! # Where a request goes
 //!
-//! Every in-service upstream is a candidate; each has an admission of its own capacity (in-flight cap,
+//! Every in-service upstream is a candidate (every upstream, when none is in service); each has an admission of its own capacity (in-flight cap,
 //! KV budget) that never queues. Candidates are tried best first — most free KV, then fewest requests
 //! waiting inside the engine (engine feedback), then fewest running — and the first whose admission
 //! grants the request gets it. With more than [`P2C_ABOVE`] candidates, two are drawn at random and the
@@ -316,7 +316,12 @@ impl Dispatcher {
 
     /// The in-service upstreams in the order to try them (see the module docs).
     fn candidates(&self) -> Vec<&Arc<Upstream>> {
-        let healthy: Vec<&Arc<Upstream>> = self.upstreams.iter().filter(|u| u.is_healthy()).collect();
+        let mut healthy: Vec<&Arc<Upstream>> = self.upstreams.iter().filter(|u| u.is_healthy()).collect();
+        if healthy.is_empty() {
+            // None in service: try them all rather than hold every request back (a failing server answers
+            // a quick 502 or 504; one that recovered answers), until a health check brings one back.
+            healthy = self.upstreams.iter().collect();
+        }
         if healthy.len() <= P2C_ABOVE {
             let mut ranked: Vec<_> = healthy.into_iter().map(|u| (u.load().key(), u)).collect();
             ranked.sort_by(|a, b| a.0.cmp(&b.0));

@@ -42,6 +42,9 @@ type HttpClient = Client<HttpConnector, Full<Bytes>>;
 #[derive(Clone)]
 pub struct Proxy {
     client: HttpClient,
+    /// For health checks and the engine's `/metrics`: a connection each, never pooled, so that a probe
+    /// never shares a connection with requests.
+    probe: HttpClient,
     /// Base URL ending in `/v1`.
     base: String,
     /// `http://host:port`, for the health path and the engine's `/metrics`.
@@ -107,12 +110,13 @@ impl Proxy {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(timeout.min(Duration::from_secs(5))));
         connector.set_nodelay(true);
-        let client = Client::builder(TokioExecutor::new()).build(connector);
+        let client = Client::builder(TokioExecutor::new()).build(connector.clone());
+        let probe = Client::builder(TokioExecutor::new()).pool_max_idle_per_host(0).build(connector);
         let api_key = api_key
             .map(|key| http::HeaderValue::from_str(&format!("Bearer {key}")))
             .transpose()
             .map_err(|_| "--upstream-api-key: not a valid header value".to_owned())?;
-        Ok(Self { client, shown: redact(&base), base, origin, timeout, api_key })
+        Ok(Self { client, probe, shown: redact(&base), base, origin, timeout, api_key })
     }
 
     /// The base URL without credentials (ending in `/v1`).
@@ -151,7 +155,7 @@ impl Proxy {
         }
         let Ok(request) = request.body(Full::default()) else { return false };
         let answer = async {
-            let response = self.client.request(request).await.ok()?;
+            let response = self.probe.request(request).await.ok()?;
             let ok = response.status().is_success();
             // Read the (small) body so that the connection goes back to the pool.
             let _ = http_body_util::BodyExt::collect(http_body_util::Limited::new(response.into_body(), 1 << 20)).await;
@@ -171,7 +175,7 @@ impl Proxy {
             .body(Full::default())
             .map_err(|e| e.to_string())?;
         let answer = async {
-            let response = self.client.request(request).await.map_err(|e| ErrorChain(&e).to_string())?;
+            let response = self.probe.request(request).await.map_err(|e| ErrorChain(&e).to_string())?;
             if !response.status().is_success() {
                 return Err(format!("/metrics answered {}", response.status()));
             }

@@ -409,8 +409,8 @@ async fn other_methods_get_405_before_admission() {
     drop(running);
 }
 
-/// Defect: shutdown never closed the admission. Now waiting requests get 503 `closed`, `/healthz` says
-/// `closing` while running answers finish, and the server stops once they have.
+/// Defect: shutdown never closed the admission. Now it stops accepting connections, waiting requests get
+/// 503 `closed` with `Retry-After`, running answers finish, and the server stops once they have.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_closes_the_admission_and_drains() {
     let mut config = sim(1, 10_000);
@@ -437,12 +437,14 @@ async fn shutdown_closes_the_admission_and_drains() {
     stop.send(()).unwrap();
     let refused = tokio::time::timeout(CAP, waiting).await.unwrap().unwrap().unwrap();
     assert_eq!(refused.status(), 503);
+    assert!(refused.headers().contains_key("retry-after"), "a waiting request is told when to come back");
     let error: Value = refused.json().await.unwrap();
     assert_eq!(error["error"]["code"], "closed");
-    let health = client().get(format!("http://{addr}/healthz")).send().await.unwrap();
-    assert_eq!(health.status(), 503);
-    assert_eq!(health.json::<Value>().await.unwrap()["status"], "closing");
+    assert!(gateway.is_closing());
+    // No new connection is accepted while the running answer finishes.
+    assert!(eventually(|| std::net::TcpStream::connect(addr).is_err()).await, "still accepting after shutdown");
     assert!(!server.is_finished(), "the running answer is still streaming");
+    assert!(running.next().await.unwrap().is_ok(), "the running stream goes on after shutdown started");
     drop(running); // the last answer ends
     tokio::time::timeout(CAP, server).await.expect("the server stopped after draining").unwrap().unwrap();
 }
