@@ -687,8 +687,8 @@ where
                         }
                         Err(rejection) => {
                             // A timed-out wait carries no hint of its own: the admission's current estimate.
-                            let hint = matches!(rejection, Rejection::TimedOut)
-                                .then(|| this.admission.capacity_retry_after());
+                            let hint =
+                                matches!(rejection, Rejection::TimedOut).then(|| this.admission.capacity_retry_after());
                             State::Answer {
                                 response: Some(rejection_response_with_hint(
                                     &rejection,

@@ -155,11 +155,7 @@ impl Budgets {
     /// # Errors
     ///
     /// A message when the state file exists but cannot be read or parsed.
-    pub fn new(
-        limits: Vec<BudgetLimits>,
-        state_file: Option<PathBuf>,
-        clock: WallClock,
-    ) -> Result<Arc<Self>, String> {
+    pub fn new(limits: Vec<BudgetLimits>, state_file: Option<PathBuf>, clock: WallClock) -> Result<Arc<Self>, String> {
         let mut usage = HashMap::new();
         if let Some(path) = &state_file {
             for (name, tenant) in read_state(path)?.tenants {
@@ -193,17 +189,21 @@ impl Budgets {
     ///
     /// [`OverBudget`] when the tenant's usage and reservations plus `tokens` would pass one of its
     /// budgets; nothing is reserved then.
-    pub fn reserve(self: &Arc<Self>, tenant: TenantId, prompt: u32, tokens: u64) -> Result<Option<BudgetHold>, OverBudget> {
+    pub fn reserve(
+        self: &Arc<Self>,
+        tenant: TenantId,
+        prompt: u32,
+        tokens: u64,
+    ) -> Result<Option<BudgetHold>, OverBudget> {
         let limits = self.limits.load();
         let Some(limits) = limits.get(&tenant) else { return Ok(None) };
         let now = self.now();
         let mut usage = self.usage.lock();
         let entry = usage.entry(Arc::clone(&limits.name)).or_default();
         entry.roll(now);
-        for (period, limit, used) in [
-            (Period::Day, limits.daily, entry.day_tokens),
-            (Period::Month, limits.monthly, entry.month_tokens),
-        ] {
+        for (period, limit, used) in
+            [(Period::Day, limits.daily, entry.day_tokens), (Period::Month, limits.monthly, entry.month_tokens)]
+        {
             let Some(limit) = limit else { continue };
             let used = used.saturating_add(entry.reserved);
             if used.saturating_add(tokens) > limit {
@@ -219,7 +219,13 @@ impl Budgets {
             }
         }
         entry.reserved += tokens;
-        Ok(Some(BudgetHold { budgets: Arc::clone(self), tenant: Arc::clone(&limits.name), prompt, reserved: tokens, settled: false }))
+        Ok(Some(BudgetHold {
+            budgets: Arc::clone(self),
+            tenant: Arc::clone(&limits.name),
+            prompt,
+            reserved: tokens,
+            settled: false,
+        }))
     }
 
     /// Usage of every tenant seen, by name (periods rolled to now).
@@ -325,8 +331,9 @@ impl Drop for BudgetHold {
 
 fn read_state(path: &Path) -> Result<StateFile, String> {
     match std::fs::read(path) {
-        Ok(bytes) => serde_json::from_slice(&bytes)
-            .map_err(|e| format!("--state-file {}: not a kvgate usage file ({e}); move it away to start afresh", path.display())),
+        Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| {
+            format!("--state-file {}: not a kvgate usage file ({e}); move it away to start afresh", path.display())
+        }),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(StateFile::default()),
         Err(e) => Err(format!("--state-file {}: {e}", path.display())),
     }
@@ -419,7 +426,10 @@ mod tests {
         assert!(budgets.reserve(TenantId::from("nobody"), 1, 10).unwrap().is_none());
         let first = budgets.reserve(a, 100, 600).unwrap().unwrap();
         let refused = budgets.reserve(a, 100, 600).unwrap_err();
-        assert_eq!((refused.period, refused.used, refused.renews_at_rfc3339().as_str()), (Period::Day, 600, "2024-02-11T00:00:00Z"));
+        assert_eq!(
+            (refused.period, refused.used, refused.renews_at_rfc3339().as_str()),
+            (Period::Day, 600, "2024-02-11T00:00:00Z")
+        );
         first.settle(Some(150)); // 100 prompt + 150 output
         assert_eq!(budgets.usage_of("a").0.day_tokens, 250);
         drop(budgets.reserve(a, 100, 700).unwrap().unwrap()); // refused by admission: charges nothing

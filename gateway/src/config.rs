@@ -264,7 +264,10 @@ pub fn restart_only_change(old: &Config, new: &Config) -> Option<&'static str> {
         ("state_file", old.state_file != new.state_file),
         ("request_log", old.request_log != new.request_log),
         ("max_connections", old.max_connections != new.max_connections),
-        ("header_timeout and send_timeout", old.header_timeout != new.header_timeout || old.send_timeout != new.send_timeout),
+        (
+            "header_timeout and send_timeout",
+            old.header_timeout != new.header_timeout || old.send_timeout != new.send_timeout,
+        ),
         ("prefix_sharing", old.prefix_sharing != new.prefix_sharing),
     ];
     fields.into_iter().find_map(|(name, changed)| changed.then_some(name))

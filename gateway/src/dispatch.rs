@@ -244,7 +244,11 @@ impl Dispatcher {
     ///
     /// As [`dispatch`](Self::dispatch), and [`Rejection::NoCapacity`] when no upstream has room now or
     /// others wait.
-    pub async fn try_dispatch(self: &Arc<Self>, request: &Request, retry_after: Duration) -> Result<UpstreamPermit, Rejection> {
+    pub async fn try_dispatch(
+        self: &Arc<Self>,
+        request: &Request,
+        retry_after: Duration,
+    ) -> Result<UpstreamPermit, Rejection> {
         if self.closed.load(Ordering::Acquire) {
             return Err(Rejection::Closed);
         }
@@ -324,14 +328,16 @@ impl Dispatcher {
         }
         if healthy.len() <= P2C_ABOVE {
             let mut ranked: Vec<_> = healthy.into_iter().map(|u| (u.load().key(), u)).collect();
-            ranked.sort_by(|a, b| a.0.cmp(&b.0));
+            ranked.sort_by_key(|(key, _)| *key);
             return ranked.into_iter().map(|(_, u)| u).collect();
         }
         let n = healthy.len();
-        let draw = kvgate::retry::SplitMix64::new(self.draws.fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed)).next_u64();
+        let draw =
+            kvgate::retry::SplitMix64::new(self.draws.fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed)).next_u64();
         let first = (draw % n as u64) as usize;
         let second = (first + 1 + ((draw >> 32) % (n as u64 - 1)) as usize) % n;
-        let (a, b) = if healthy[second].load().key() < healthy[first].load().key() { (second, first) } else { (first, second) };
+        let (a, b) =
+            if healthy[second].load().key() < healthy[first].load().key() { (second, first) } else { (first, second) };
         let mut order = vec![healthy[a], healthy[b]];
         order.extend((0..n).map(|i| (first + i) % n).filter(|&i| i != a && i != b).map(|i| healthy[i]));
         order

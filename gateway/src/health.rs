@@ -63,7 +63,8 @@ async fn health_checks(gateway: Gateway, every: Duration, stopped: watch::Receiv
             let checks = gateway.upstreams().iter().filter_map(|upstream| {
                 let proxy = upstream.proxy()?;
                 Some(async move {
-                    let passed = proxy.healthy(upstream.health_path.as_deref(), every.min(Duration::from_secs(5))).await;
+                    let passed =
+                        proxy.healthy(upstream.health_path.as_deref(), every.min(Duration::from_secs(5))).await;
                     (upstream, passed)
                 })
             });

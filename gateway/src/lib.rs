@@ -67,7 +67,7 @@ pub mod upstream;
 
 pub use config::{BackendConfig, Config, ConfigError, UpstreamConfig};
 pub use server::{Gateway, serve, serve_until};
-pub use upstream::{Backend, Upstream};
 #[cfg(feature = "cli")]
 pub use settings::{FromArgsError, Settings};
 pub use sim::SimStats;
+pub use upstream::{Backend, Upstream};

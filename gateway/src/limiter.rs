@@ -20,9 +20,9 @@ pub enum Limiter {
 pub enum LimiterPermit {
     /// Of an in-process admission.
     Local(Permit),
-    /// Of a shared admission.
+    /// Of a shared admission (boxed: it is three times the size of a local one).
     #[cfg(feature = "redis")]
-    Shared(kvgate_redis::SharedPermit),
+    Shared(Box<kvgate_redis::SharedPermit>),
 }
 
 impl Complete for LimiterPermit {
@@ -30,7 +30,7 @@ impl Complete for LimiterPermit {
         match self {
             LimiterPermit::Local(permit) => permit.complete(output_tokens),
             #[cfg(feature = "redis")]
-            LimiterPermit::Shared(permit) => permit.complete(output_tokens),
+            LimiterPermit::Shared(permit) => (*permit).complete(output_tokens),
         }
     }
 }
@@ -60,7 +60,7 @@ impl Limiter {
         match self {
             Limiter::Local(admission) => admission.try_admit(request).map(LimiterPermit::Local),
             #[cfg(feature = "redis")]
-            Limiter::Shared(shared) => shared.try_admit(request).await.map(LimiterPermit::Shared),
+            Limiter::Shared(shared) => shared.try_admit(request).await.map(|p| LimiterPermit::Shared(Box::new(p))),
         }
     }
 
@@ -73,7 +73,7 @@ impl Limiter {
         match self {
             Limiter::Local(admission) => admission.admit(request).await.map(LimiterPermit::Local),
             #[cfg(feature = "redis")]
-            Limiter::Shared(shared) => shared.admit(request).await.map(LimiterPermit::Shared),
+            Limiter::Shared(shared) => shared.admit(request).await.map(|p| LimiterPermit::Shared(Box::new(p))),
         }
     }
 

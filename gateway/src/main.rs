@@ -103,7 +103,9 @@ async fn main() {
         }
         #[cfg(not(unix))]
         let _ = tokio::signal::ctrl_c().await;
-        eprintln!("kvgate-gateway: shutting down: no new connections, waiting requests get 503, running answers finish");
+        eprintln!(
+            "kvgate-gateway: shutting down: no new connections, waiting requests get 503, running answers finish"
+        );
     };
     if let Err(e) = kvgate_gateway::serve_until(listener, gateway, shutdown).await {
         eprintln!("error: {e}");

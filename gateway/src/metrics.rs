@@ -109,7 +109,9 @@ pub fn publish(p: &Published<'_>) {
     for budget in p.budgets {
         let tenant = budget.name.to_string();
         if let Some(usage) = p.usage.get(&*budget.name) {
-            for (period, used) in [("day", usage.day_tokens), ("month", usage.month_tokens), ("total", usage.total_tokens)] {
+            for (period, used) in
+                [("day", usage.day_tokens), ("month", usage.month_tokens), ("total", usage.total_tokens)]
+            {
                 metrics::gauge!("kvgate_gateway_tenant_tokens_used", "tenant" => tenant.clone(), "period" => period)
                     .set(used as f64);
             }
@@ -129,7 +131,8 @@ pub fn publish(p: &Published<'_>) {
         metrics::gauge!("kvgate_gateway_upstream_requests_running", "upstream" => name.clone()).set(s.in_flight as f64);
         metrics::gauge!("kvgate_gateway_upstream_kv_cache_used", "upstream" => name.clone()).set(s.kv_used as f64);
         if s.kv_capacity != u64::MAX {
-            metrics::gauge!("kvgate_gateway_upstream_kv_cache_capacity", "upstream" => name.clone()).set(s.kv_capacity as f64);
+            metrics::gauge!("kvgate_gateway_upstream_kv_cache_capacity", "upstream" => name.clone())
+                .set(s.kv_capacity as f64);
         }
         metrics::gauge!("kvgate_gateway_upstream_prefixes", "upstream" => name.clone()).set(s.prefixes as f64);
         metrics::counter!("kvgate_gateway_upstream_prefix_kv_saved_total", "upstream" => name.clone())

@@ -93,7 +93,9 @@ pub fn upstream_specs(config: &Config) -> Result<Vec<UpstreamSpec>, ConfigError>
                 )));
             }
             (Some(plan), None) => KvBudget::Plan(Box::new(plan)),
-            (None, Some(0)) => return Err(ConfigError::Conflict(format!("upstream {name:?}: kv_tokens must be at least 1"))),
+            (None, Some(0)) => {
+                return Err(ConfigError::Conflict(format!("upstream {name:?}: kv_tokens must be at least 1")));
+            }
             (None, Some(tokens)) => KvBudget::Tokens(tokens),
             (None, None) if config.model_config.is_some() && config.gpu.is_none() && upstream.gpu.is_none() => {
                 return Err(ConfigError::Conflict("--model-config sets a KV-byte budget only with --gpu NAME".into()));
@@ -147,11 +149,7 @@ pub fn capacity_sum<'a>(specs: impl Iterator<Item = (usize, Option<u64>)> + 'a) 
 /// # Errors
 ///
 /// As the admission's builder.
-pub fn front_admission(
-    config: &Config,
-    specs: &[UpstreamSpec],
-    shared_rates: bool,
-) -> Result<Admission, ConfigError> {
+pub fn front_admission(config: &Config, specs: &[UpstreamSpec], shared_rates: bool) -> Result<Admission, ConfigError> {
     let (slots, kv) = capacity_sum(specs.iter().map(|s| (s.slots, s.kv.units())));
     let mut builder = common(
         config,
@@ -221,7 +219,9 @@ pub fn upstreams(
                 })),
                 Some(url) => {
                     let key = spec.config.api_key.as_deref().or(config.upstream_api_key.as_deref());
-                    Backend::Upstream(Box::new(Proxy::new(url, config.upstream_timeout, key).map_err(ConfigError::Conflict)?))
+                    Backend::Upstream(Box::new(
+                        Proxy::new(url, config.upstream_timeout, key).map_err(ConfigError::Conflict)?,
+                    ))
                 }
             };
             Ok(Arc::new(Upstream::new(

@@ -160,7 +160,9 @@ impl Gateway {
 
     fn with_parser(config: Config, base: Parser) -> Result<Self, ConfigError> {
         if config.redis.is_some() {
-            return Err(ConfigError::Conflict("--redis: build the gateway with Gateway::connect (it connects to Redis)".into()));
+            return Err(ConfigError::Conflict(
+                "--redis: build the gateway with Gateway::connect (it connects to Redis)".into(),
+            ));
         }
         let specs = plan::upstream_specs(&config)?;
         let limiters = specs
@@ -205,17 +207,20 @@ impl Gateway {
         limiters: Vec<Limiter>,
     ) -> Result<Self, ConfigError> {
         let keys = Keys::new(&config.tenants).map_err(ConfigError::Conflict)?;
-        let budgets =
-            Budgets::new(budget_limits(&config), config.state_file.clone(), system_clock()).map_err(ConfigError::Conflict)?;
+        let budgets = Budgets::new(budget_limits(&config), config.state_file.clone(), system_clock())
+            .map_err(ConfigError::Conflict)?;
         let log = match &config.request_log {
-            Some(path) => RequestLog::open(path)
-                .map_err(|e| ConfigError::File { path: path.clone(), reason: format!("cannot open the request log: {e}") })?,
+            Some(path) => RequestLog::open(path).map_err(|e| ConfigError::File {
+                path: path.clone(),
+                reason: format!("cannot open the request log: {e}"),
+            })?,
             None => RequestLog::off(),
         };
         let upstreams = plan::upstreams(&config, specs, limiters)?;
         let simulated = matches!(upstreams[0].backend, Backend::Simulated(_));
         let dispatcher = Dispatcher::new(upstreams, config.max_queue_wait);
-        let served_model = config.model.clone().unwrap_or_else(|| if simulated { "kvgate-sim".into() } else { String::new() });
+        let served_model =
+            config.model.clone().unwrap_or_else(|| if simulated { "kvgate-sim".into() } else { String::new() });
         let buffered_limit = config.max_buffered_bytes.min(Semaphore::MAX_PERMITS);
         let inner = Inner {
             keys: ArcSwap::from_pointee(keys),
@@ -324,9 +329,7 @@ impl Gateway {
         let _one_at_a_time = inner.reloading.lock().await;
         let old = inner.config.load_full();
         if let Some(setting) = restart_only_change(&old, &new) {
-            return Err(ConfigError::Conflict(format!(
-                "{setting} changed: it takes a restart; nothing was reloaded"
-            )));
+            return Err(ConfigError::Conflict(format!("{setting} changed: it takes a restart; nothing was reloaded")));
         }
         let keys = Keys::new(&new.tenants).map_err(ConfigError::Conflict)?;
         let specs = plan::upstream_specs(&new)?;
@@ -393,7 +396,8 @@ impl Gateway {
             #[cfg(feature = "redis")]
             Limiter::Shared(shared) => shared.publish_metrics(),
         }
-        let keys_listed = self.config().tenants.iter().map(|t| t.name.clone()).collect::<std::collections::HashSet<_>>();
+        let keys_listed =
+            self.config().tenants.iter().map(|t| t.name.clone()).collect::<std::collections::HashSet<_>>();
         let admission = front.local();
         let tenants: Vec<(Arc<str>, u64)> = admission
             .busiest_tenants(10)
@@ -554,12 +558,20 @@ async fn front_door(State(gateway): State<Gateway>, mut request: axum::extract::
         Err(KeyError::Missing) => {
             let message = "this gateway needs an API key: Authorization: Bearer <key>";
             let response = refuse(ApiError::new(StatusCode::UNAUTHORIZED, "missing_api_key", message));
-            return finish(&gateway, response, RequestContext { trace, caller: None, listed: false, priority: Priority::Normal, arrived });
+            return finish(
+                &gateway,
+                response,
+                RequestContext { trace, caller: None, listed: false, priority: Priority::Normal, arrived },
+            );
         }
         Err(KeyError::Unknown) => {
             let message = "the API key is not known to this gateway";
             let response = refuse(ApiError::new(StatusCode::UNAUTHORIZED, "invalid_api_key", message));
-            return finish(&gateway, response, RequestContext { trace, caller: None, listed: false, priority: Priority::Normal, arrived });
+            return finish(
+                &gateway,
+                response,
+                RequestContext { trace, caller: None, listed: false, priority: Priority::Normal, arrived },
+            );
         }
     };
     let own = caller.as_ref().map_or(Priority::Normal, |c| c.priority);
@@ -789,8 +801,12 @@ async fn read(
                     admit.total_tokens(),
                     over.renews_at_rfc3339()
                 );
-                let mut response =
-                    kvgate::http::error_response(StatusCode::TOO_MANY_REQUESTS, &message, "rate_limit_error", "budget_exceeded");
+                let mut response = kvgate::http::error_response(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    &message,
+                    "rate_limit_error",
+                    "budget_exceeded",
+                );
                 kvgate::http::insert_retry_after(response.headers_mut(), over.renews_in);
                 if let Ok(at) = HeaderValue::from_str(&over.renews_at_rfc3339()) {
                     response.headers_mut().insert("x-kvgate-budget-renews-at", at);
@@ -848,7 +864,8 @@ async fn models(State(gateway): State<Gateway>, headers: http::HeaderMap) -> Res
     let proxied = gateway.upstreams().iter().filter(|u| u.is_healthy()).find_map(|u| u.proxy());
     match proxied {
         Some(proxy) => {
-            let client_auth = if inner.keys.load().required() { None } else { headers.get(http::header::AUTHORIZATION) };
+            let client_auth =
+                if inner.keys.load().required() { None } else { headers.get(http::header::AUTHORIZATION) };
             proxy.models(client_auth).await.into_response()
         }
         None => crate::sim::json_response(&serde_json::json!({
@@ -877,9 +894,13 @@ fn usage_json(gateway: &Gateway, tenant: &str) -> serde_json::Value {
 async fn own_usage(State(gateway): State<Gateway>, headers: http::HeaderMap) -> Response {
     match gateway.inner.keys.load().caller(&headers) {
         Ok(Some(caller)) => axum::Json(usage_json(&gateway, &caller.name)).into_response(),
-        Ok(None) => ApiError::new(StatusCode::NOT_FOUND, "no_tenants", "this gateway has no API keys: no usage to show")
-            .into_response(),
-        Err(_) => ApiError::new(StatusCode::UNAUTHORIZED, "invalid_api_key", "a known API key is needed").into_response(),
+        Ok(None) => {
+            ApiError::new(StatusCode::NOT_FOUND, "no_tenants", "this gateway has no API keys: no usage to show")
+                .into_response()
+        }
+        Err(_) => {
+            ApiError::new(StatusCode::UNAUTHORIZED, "invalid_api_key", "a known API key is needed").into_response()
+        }
     }
 }
 

@@ -172,7 +172,10 @@ impl Keys {
         let mut table = KeyTable::default();
         let mut names = std::collections::HashSet::new();
         for tenant in tenants {
-            if tenant.name.is_empty() || tenant.name.len() > MAX_TENANT_NAME || tenant.name.chars().any(char::is_control) {
+            if tenant.name.is_empty()
+                || tenant.name.len() > MAX_TENANT_NAME
+                || tenant.name.chars().any(char::is_control)
+            {
                 return Err(format!(
                     "tenant {:?}: every tenant needs a name of 1 to {MAX_TENANT_NAME} printable characters",
                     tenant.name
@@ -314,6 +317,9 @@ mod file_tests {
         )
         .unwrap();
         assert_eq!(keyed.tenants[0].daily_tokens, Some(5));
-        assert_eq!(keyed.tenants[0].keys[1], KeyConfig::WithPriority { key: "j".into(), priority: Some(PriorityConfig::Batch) });
+        assert_eq!(
+            keyed.tenants[0].keys[1],
+            KeyConfig::WithPriority { key: "j".into(), priority: Some(PriorityConfig::Batch) }
+        );
     }
 }

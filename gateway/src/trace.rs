@@ -98,7 +98,8 @@ impl Trace {
                 && (version != "00" || parts.next().is_none());
             valid.then(|| (trace.to_owned(), flags.to_owned()))
         });
-        let (trace_id, flags) = parent.unwrap_or_else(|| (format!("{:016x}{:016x}", next_id(), next_id()), "01".into()));
+        let (trace_id, flags) =
+            parent.unwrap_or_else(|| (format!("{:016x}{:016x}", next_id(), next_id()), "01".into()));
         Self { request_id, trace_id, span_id: format!("{:016x}", next_id()), flags }
     }
 

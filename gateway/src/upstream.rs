@@ -56,7 +56,13 @@ pub struct Load {
 
 impl Upstream {
     /// An upstream, in.
-    pub fn new(name: Arc<str>, backend: Backend, limiter: Limiter, health_path: Option<String>, max_fails: u32) -> Self {
+    pub fn new(
+        name: Arc<str>,
+        backend: Backend,
+        limiter: Limiter,
+        health_path: Option<String>,
+        max_fails: u32,
+    ) -> Self {
         Self {
             name,
             backend,

@@ -48,7 +48,11 @@ fn chat(text: &str, max_tokens: u32, stream: bool) -> Value {
 }
 
 fn tenant(name: &str, key: &str) -> TenantConfig {
-    TenantConfig { name: name.into(), keys: vec![KeyConfig::Key(KeyHash::of(key).to_string())], ..TenantConfig::default() }
+    TenantConfig {
+        name: name.into(),
+        keys: vec![KeyConfig::Key(KeyHash::of(key).to_string())],
+        ..TenantConfig::default()
+    }
 }
 
 fn sim(max_in_flight: usize, kv_tokens: u64, tokens_per_sec: f64) -> Config {
@@ -99,7 +103,7 @@ async fn mock(delay: Duration, metrics: Option<Arc<Mutex<String>>>) -> Mock {
             let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
             if body["stream"] == true {
                 let events = ["data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n", "data: [DONE]\n\n"];
-                let events = futures::stream::iter(events.map(|e| Ok::<_, std::convert::Infallible>(e)));
+                let events = futures::stream::iter(events.map(Ok::<_, std::convert::Infallible>));
                 ([("content-type", "text/event-stream")], axum::body::Body::from_stream(events)).into_response()
             } else {
                 axum::Json(json!({"choices": [{"message": {"content": "hi"}}], "usage": {"completion_tokens": 1}}))
@@ -173,7 +177,9 @@ async fn a_request_id_and_traceparent_reach_the_upstream_and_the_log_line() {
     assert_eq!((line["decision"].as_str(), line["status"].as_u64()), (Some("admitted"), Some(200)));
     assert_eq!((line["upstream"].as_str(), line["upstream_status"].as_u64()), (Some("upstream"), Some(200)));
     assert_eq!(line["tokens_out"], 1, "{line}");
-    assert!(line["tokens_in"].as_u64().unwrap() > 0 && line["ttft_ms"].is_number() && line["queue_wait_ms"].is_number());
+    assert!(
+        line["tokens_in"].as_u64().unwrap() > 0 && line["ttft_ms"].is_number() && line["queue_wait_ms"].is_number()
+    );
     assert!(!lines().contains("sk-alice"), "keys are never logged");
     // A refusal is logged too.
     let refused = post(&http, addr, Some("sk-nobody"), &chat("x", 8, false)).await;
@@ -235,7 +241,8 @@ async fn a_tenant_over_its_daily_budget_gets_429_with_the_renewal_time_and_its_u
     assert!(message.contains("daily") && message.contains(&next_midnight()), "{message}");
     // Another tenant is not affected, and sees only its own usage.
     assert_eq!(post(&http, addr, Some("sk-other"), &chat("hello", 100, false)).await.status(), 200);
-    let own: Value = http.get(format!("http://{addr}/v1/usage")).bearer_auth("sk-other").send().await.unwrap().json().await.unwrap();
+    let own: Value =
+        http.get(format!("http://{addr}/v1/usage")).bearer_auth("sk-other").send().await.unwrap().json().await.unwrap();
     assert_eq!(own["tenant"], "other");
     assert!(!own.to_string().contains("thrifty"), "a tenant never sees another's data: {own}");
     let used = gateway.budgets().usage_of("thrifty").0;
@@ -271,7 +278,8 @@ async fn per_key_limits_give_429_to_the_heavy_key_while_others_are_served() {
             tokio::spawn(async move {
                 let response = post(&http, addr, Some("sk-heavy"), &chat("x", 4, false)).await;
                 let status = response.status().as_u16();
-                let code = response.json::<Value>().await.ok().and_then(|v| v["error"]["code"].as_str().map(str::to_owned));
+                let code =
+                    response.json::<Value>().await.ok().and_then(|v| v["error"]["code"].as_str().map(str::to_owned));
                 (status, code)
             })
         })
@@ -303,11 +311,18 @@ async fn a_heavy_key_with_500_queued_requests_does_not_starve_a_light_key() {
     };
     let gateway = Gateway::new(config).unwrap();
     let addr = start(&gateway).await;
-    let http = reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(120)).pool_max_idle_per_host(600).build().unwrap();
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(120))
+        .pool_max_idle_per_host(600)
+        .build()
+        .unwrap();
     let heavy: Vec<_> = (0..500)
         .map(|_| {
             let http = http.clone();
-            tokio::spawn(async move { post(&http, addr, Some("sk-heavy"), &chat("x", 8, false)).await.status().as_u16() })
+            tokio::spawn(
+                async move { post(&http, addr, Some("sk-heavy"), &chat("x", 8, false)).await.status().as_u16() },
+            )
         })
         .collect();
     assert!(eventually(|| gateway.admission().snapshot().queued >= 400).await, "{:?}", gateway.admission().snapshot());
@@ -328,11 +343,7 @@ async fn a_heavy_key_with_500_queued_requests_does_not_starve_a_light_key() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reload_under_load_drops_nothing() {
-    let base = || Config {
-        queue: 200,
-        tenants: vec![tenant("a", "sk-a")],
-        ..sim(4, 100_000, 300.0)
-    };
+    let base = || Config { queue: 200, tenants: vec![tenant("a", "sk-a")], ..sim(4, 100_000, 300.0) };
     let gateway = Gateway::new(base()).unwrap();
     let addr = start(&gateway).await;
     let http = client();
@@ -535,13 +546,18 @@ async fn without_keys_a_header_or_the_user_field_names_the_tenant() {
     let http = client();
     // One request of team "red" runs; its second waits on the tenant's own cap of 1, while "blue" (named by
     // the user field) runs at once.
-    let red = http.post(format!("http://{addr}/v1/chat/completions")).header("x-team", "red").json(&chat("x", 400, true));
+    let red =
+        http.post(format!("http://{addr}/v1/chat/completions")).header("x-team", "red").json(&chat("x", 400, true));
     let mut red = red.send().await.unwrap().bytes_stream();
     red.next().await.unwrap().unwrap();
     let red_again = {
         let http = http.clone();
         tokio::spawn(async move {
-            http.post(format!("http://{addr}/v1/chat/completions")).header("x-team", "red").json(&chat("x", 4, false)).send().await
+            http.post(format!("http://{addr}/v1/chat/completions"))
+                .header("x-team", "red")
+                .json(&chat("x", 4, false))
+                .send()
+                .await
         })
     };
     assert!(eventually(|| gateway.admission().snapshot().queued == 1).await);

@@ -401,9 +401,11 @@ fn chat_tokens(
         }
         // Every field of the message: role, content (text parts; media at a flat price), name, tool calls'
         // names and arguments, tool_call_id, reasoning — whatever the template renders.
-        let message_tokens = estimator
-            .message_overhead()
-            .saturating_add(value_tokens(&Value::Object(message.clone()), estimator, false));
+        let message_tokens = estimator.message_overhead().saturating_add(value_tokens(
+            &Value::Object(message.clone()),
+            estimator,
+            false,
+        ));
         tokens = tokens.saturating_add(message_tokens);
         let role = message.get("role").and_then(Value::as_str).unwrap_or_default();
         in_prefix &= PREFIX_ROLES.contains(&role);
@@ -646,9 +648,12 @@ mod tests {
     #[test]
     fn the_prefix_is_the_leading_system_messages() {
         let prefix = |body: &str| Parser::new().parse(Endpoint::Chat, Bytes::from(body.to_owned())).unwrap().prefix;
-        let french = prefix(r#"{"messages":[{"role":"system","content":"Answer in French."},{"role":"user","content":"a"}]}"#);
-        let again = prefix(r#"{"messages":[{"role":"system","content":"Answer in French."},{"role":"user","content":"bb"}]}"#);
-        let german = prefix(r#"{"messages":[{"role":"system","content":"Answer in German."},{"role":"user","content":"a"}]}"#);
+        let french =
+            prefix(r#"{"messages":[{"role":"system","content":"Answer in French."},{"role":"user","content":"a"}]}"#);
+        let again =
+            prefix(r#"{"messages":[{"role":"system","content":"Answer in French."},{"role":"user","content":"bb"}]}"#);
+        let german =
+            prefix(r#"{"messages":[{"role":"system","content":"Answer in German."},{"role":"user","content":"a"}]}"#);
         assert_eq!(french, again, "the same system prompt, another question: one prefix");
         assert_ne!(french.unwrap().id, german.unwrap().id);
         assert_eq!(prefix(r#"{"messages":[{"role":"user","content":"a"},{"role":"system","content":"x"}]}"#), None);
