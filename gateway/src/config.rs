@@ -141,6 +141,9 @@ pub struct Config {
     /// Address of the admin endpoint (`POST /admin/reload`, `GET /admin/usage`); must be a loopback
     /// address. `None`: no admin endpoint.
     pub admin_listen: Option<SocketAddr>,
+    /// Where `/metrics` is served instead of the main address (a port clients cannot reach, so that no
+    /// tenant reads another's usage). `None`: on the main address.
+    pub metrics_listen: Option<SocketAddr>,
     /// Without keys: the header that names a request's tenant.
     pub tenant_header: Option<String>,
     /// Without keys: the OpenAI `user` field names a request's tenant (after `tenant_header`).
@@ -194,6 +197,7 @@ impl Default for Config {
             tenants: Vec::new(),
             upstreams: Vec::new(),
             admin_listen: None,
+            metrics_listen: None,
             tenant_header: None,
             tenant_from_user: false,
             prefix_sharing: None,
@@ -249,9 +253,10 @@ impl Config {
 /// The settings that a reload cannot change (they are bound at start: sockets, servers, files,
 /// connections): the name of the first one that differs between `old` and `new`.
 pub fn restart_only_change(old: &Config, new: &Config) -> Option<&'static str> {
-    let fields: [(&'static str, bool); 13] = [
+    let fields: [(&'static str, bool); 14] = [
         ("listen", old.listen != new.listen),
         ("admin_listen", old.admin_listen != new.admin_listen),
+        ("metrics_listen", old.metrics_listen != new.metrics_listen),
         ("upstream", old.backend != new.backend),
         ("[[upstream]] url or name", {
             let key = |c: &Config| c.upstreams.iter().map(|u| (u.name.clone(), u.url.clone())).collect::<Vec<_>>();

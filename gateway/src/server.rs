@@ -439,14 +439,22 @@ impl Gateway {
                     .count_with(OutputTokens::new()),
             )
             .service_fn(move |request| complete(handler.clone(), request));
-        Router::new()
+        let router = Router::new()
             .route("/v1/chat/completions", post_service(completions.clone()))
             .route("/v1/completions", post_service(completions))
             .route("/v1/models", get(models))
             .route("/v1/usage", get(own_usage))
-            .route("/metrics", get(metrics_route))
-            .route("/healthz", get(healthz))
-            .with_state(self.clone())
+            .route("/healthz", get(healthz));
+        let router = match self.config().metrics_listen {
+            Some(_) => router,
+            None => router.route("/metrics", get(metrics_route)),
+        };
+        router.with_state(self.clone())
+    }
+
+    /// The metrics application, for `--metrics-listen`: `GET /metrics`, `GET /healthz`.
+    pub fn metrics_router(&self) -> Router {
+        Router::new().route("/metrics", get(metrics_route)).route("/healthz", get(healthz)).with_state(self.clone())
     }
 
     /// The admin application (serve it on a loopback address only): `POST /admin/reload`,
@@ -470,7 +478,7 @@ pub async fn serve(listener: tokio::net::TcpListener, gateway: Gateway) -> std::
     serve_until(listener, gateway, std::future::pending()).await
 }
 
-/// Serves the gateway — and its admin endpoint, health checks, engine feedback and usage saving, as
+/// Serves the gateway — and its admin and metrics endpoints, health checks, engine feedback and usage saving, as
 /// configured — until `shutdown` resolves; then stops accepting, closes the admission (waiting requests
 /// get `503` with `Retry-After`, `/healthz` says `closing`), lets running answers finish for at most
 /// `--shutdown-grace`, saves usage, and returns.
@@ -487,12 +495,13 @@ pub async fn serve_until(
     let config = gateway.config();
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let mut tasks = crate::health::spawn(&gateway, stopped.clone());
-    if let Some(addr) = config.admin_listen {
-        let admin = tokio::net::TcpListener::bind(addr).await?;
+    let side = [(config.admin_listen, gateway.admin_router()), (config.metrics_listen, gateway.metrics_router())];
+    for (addr, router) in side {
+        let Some(addr) = addr else { continue };
+        let listener = tokio::net::TcpListener::bind(addr).await?;
         let mut stopped = stopped.clone();
-        let router = gateway.admin_router();
         tasks.push(tokio::spawn(async move {
-            let _ = conn::serve(admin, router, options, async move {
+            let _ = conn::serve(listener, router, options, async move {
                 crate::health::until_stopped(&mut stopped).await;
             })
             .await;

@@ -136,6 +136,9 @@ pub struct Settings {
     /// Admin endpoint (POST /admin/reload, GET /admin/usage), on a loopback address only.
     #[arg(long, value_name = "ADDR")]
     pub admin_listen: Option<SocketAddr>,
+    /// Serve /metrics on this address instead of the main one (a port clients cannot reach).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<SocketAddr>,
     /// Without API keys: the header that names a request's tenant (x-tenant, say).
     #[arg(long, value_name = "NAME")]
     pub tenant_header: Option<String>,
@@ -204,6 +207,7 @@ impl Settings {
             upstream,
             upstream_file,
             admin_listen,
+            metrics_listen,
             tenant_header,
             prefix_sharing,
             state_file,
@@ -373,6 +377,7 @@ impl Settings {
             }
             config.admin_listen = Some(addr);
         }
+        config.metrics_listen = self.metrics_listen;
         if let Some(header) = self.tenant_header {
             if http::HeaderName::from_bytes(header.as_bytes()).is_err() {
                 return Err(invalid("--tenant-header", &header, "not a valid header name"));
@@ -509,10 +514,19 @@ mod tests {
             "--max-body-bytes 0",
             "--max-buffered-bytes 10",
             "--default-max-tokens 0",
+            "--admin-listen 0.0.0.0:9090",
+            "--prefix-sharing 0",
+            "--max-fails 0",
+            "--health-interval 0",
+            "--engine-feedback 2d",
+            "--tenant-header a:b",
+            "--redis-prefix a{b}",
         ] {
             let err = parse(flags).expect_err(flags);
             assert!(!err.to_string().is_empty(), "{flags}");
         }
+        let err = parse("--admin-listen 10.0.0.1:9090").unwrap_err().to_string();
+        assert!(err.contains("loopback"), "{err}");
         let err = parse("--max-queue-wait 1e300s").unwrap_err().to_string();
         assert!(err.contains("--max-queue-wait") && err.contains("1 day"), "{err}");
         assert!(
@@ -542,6 +556,14 @@ keys = ["sk-alice"]
 priority = "interactive"
 request_rate = 1.0
 request_burst = 3
+
+[[upstream]]
+name = "a"
+url = "http://127.0.0.1:8000"
+kv_tokens = 1000
+
+[[upstream]]
+name = "b"
 "#,
         )
         .unwrap();
@@ -551,6 +573,11 @@ request_burst = 3
         assert_eq!(config.rate, Some((5.0, 5)));
         assert_eq!(config.tenants[0].name, "alice");
         assert_eq!(config.tenant_defaults.as_ref().unwrap().max_in_flight, Some(2));
+        assert_eq!(config.upstreams.len(), 2);
+        assert_eq!((config.upstreams[0].kv_tokens, config.upstreams[1].url.as_deref()), (Some(1000), None));
+        std::fs::write(&path, "upstream = \"http://127.0.0.1:9\"\n").unwrap();
+        let one = parse(&format!("--config-file {}", path.display())).unwrap();
+        assert_eq!(one.backend, BackendConfig::Upstream("http://127.0.0.1:9".into()));
         std::fs::write(&path, "max_in_flite = 4\n").unwrap();
         let err = parse(&format!("--config {}", path.display())).unwrap_err().to_string();
         assert!(err.contains("max_in_flite"), "{err}");

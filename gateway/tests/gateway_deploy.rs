@@ -625,3 +625,48 @@ async fn engine_feedback_shrinks_a_budget_the_engine_cannot_hold() {
     assert!(eventually(|| budget() < 100_000).await, "the budget never moved");
     assert!(eventually(|| gateway.admission().snapshot().kv_capacity == budget()).await);
 }
+
+fn free_addr() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_endpoint_reloads_and_shows_usage_and_metrics_move_off_the_main_port() {
+    let (admin, metrics) = (free_addr(), free_addr());
+    let config = Config {
+        admin_listen: Some(admin),
+        metrics_listen: Some(metrics),
+        tenants: vec![TenantConfig { daily_tokens: Some(1_000_000), ..tenant("a", "sk-a") }],
+        ..sim(4, 100_000, 1_000.0)
+    };
+    let gateway = Gateway::new(config.clone()).unwrap();
+    let next = Arc::new(Mutex::new(config));
+    let source = Arc::clone(&next);
+    gateway.set_config_source(Arc::new(move || Ok(source.lock().unwrap().clone())));
+    let addr = start(&gateway).await;
+    let http = client();
+    assert_eq!(post(&http, addr, Some("sk-a"), &chat("x", 4, false)).await.status(), 200);
+    assert!(eventually(|| std::net::TcpStream::connect(admin).is_ok()).await);
+    // Metrics are on their own port only: a tenant cannot read other tenants' usage on the main one.
+    assert_eq!(http.get(format!("http://{addr}/metrics")).send().await.unwrap().status(), 404);
+    let text = http.get(format!("http://{metrics}/metrics")).send().await.unwrap().text().await.unwrap();
+    assert!(text.contains("kvgate_gateway_tenant_tokens_used{tenant=\"a\",period=\"day\"}"), "{text}");
+    let usage: Value = http.get(format!("http://{admin}/admin/usage")).send().await.unwrap().json().await.unwrap();
+    assert_eq!(usage["tenants"][0]["tenant"], "a");
+    assert_eq!(usage["tenants"][0]["requests"], 1);
+    assert_eq!(usage["tenants"][0]["daily_tokens_limit"], 1_000_000);
+    // A reload through the admin endpoint: a new key.
+    next.lock().unwrap().tenants.push(tenant("b", "sk-b"));
+    let reloaded = http.post(format!("http://{admin}/admin/reload")).send().await.unwrap();
+    assert_eq!(reloaded.status(), 200);
+    assert_eq!(post(&http, addr, Some("sk-b"), &chat("x", 4, false)).await.status(), 200);
+    // A refused one says why, and changes nothing.
+    next.lock().unwrap().max_in_flight = 0;
+    let refused = http.post(format!("http://{admin}/admin/reload")).send().await.unwrap();
+    assert_eq!(refused.status(), 422);
+    let why: Value = refused.json().await.unwrap();
+    assert!(why["error"].as_str().unwrap().contains("max_in_flight"), "{why}");
+    assert_eq!(gateway.admission().snapshot().max_in_flight, 4);
+    // The admin endpoint is not on the main port.
+    assert_eq!(http.post(format!("http://{addr}/admin/reload")).send().await.unwrap().status(), 404);
+}
