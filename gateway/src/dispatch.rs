@@ -225,15 +225,15 @@ impl Dispatcher {
         if self.closed.load(Ordering::Acquire) {
             return Err(Rejection::Closed);
         }
-        if let Some(too_large) = self.fits_nowhere(request) {
-            return Err(too_large);
-        }
         if self.waiting() == 0 {
             match self.try_all(request).await {
                 Attempt::Granted(permit) => return Ok(permit),
                 Attempt::Refused(rejection) => return Err(rejection),
                 Attempt::NoRoom => {}
             }
+        }
+        if let Some(too_large) = self.fits_nowhere(request) {
+            return Err(too_large);
         }
         self.wait(request).await
     }
@@ -252,16 +252,11 @@ impl Dispatcher {
         if self.closed.load(Ordering::Acquire) {
             return Err(Rejection::Closed);
         }
-        if let Some(too_large) = self.fits_nowhere(request) {
-            return Err(too_large);
-        }
-        if self.waiting() > 0 {
-            return Err(Rejection::NoCapacity { retry_after });
-        }
-        match self.try_all(request).await {
+        let tried = if self.waiting() > 0 { Attempt::NoRoom } else { self.try_all(request).await };
+        match tried {
             Attempt::Granted(permit) => Ok(permit),
             Attempt::Refused(rejection) => Err(rejection),
-            Attempt::NoRoom => Err(Rejection::NoCapacity { retry_after }),
+            Attempt::NoRoom => Err(self.fits_nowhere(request).unwrap_or(Rejection::NoCapacity { retry_after })),
         }
     }
 
@@ -325,6 +320,9 @@ impl Dispatcher {
             // None in service: try them all rather than hold every request back (a failing server answers
             // a quick 502 or 504; one that recovered answers), until a health check brings one back.
             healthy = self.upstreams.iter().collect();
+        }
+        if healthy.len() == 1 {
+            return healthy;
         }
         if healthy.len() <= P2C_ABOVE {
             let mut ranked: Vec<_> = healthy.into_iter().map(|u| (u.load().key(), u)).collect();
