@@ -186,7 +186,8 @@ pub fn front_admission(config: &Config, specs: &[UpstreamSpec], shared_rates: bo
         builder = builder.tenant_defaults(limits(defaults));
     }
     for tenant in &config.tenants {
-        builder = builder.tenant_limits(tenant.name.as_str(), limits(&tenant.limits));
+        let own = tenant.limits.or(config.tenant_defaults.as_ref());
+        builder = builder.tenant_limits(tenant.name.as_str(), limits(&own));
     }
     if config.tenant_header.is_some() || config.tenant_from_user {
         // Tenants named by clients: fair queueing between them even without limits of their own.

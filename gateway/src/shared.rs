@@ -65,7 +65,7 @@ pub async fn front(url: &str, config: &Config, specs: &[UpstreamSpec]) -> Result
         limits = limits.tenant_defaults(rates(defaults));
     }
     for tenant in &config.tenants {
-        limits = limits.tenant_rates(tenant.name.as_str(), rates(&tenant.limits));
+        limits = limits.tenant_rates(tenant.name.as_str(), rates(&tenant.limits.or(config.tenant_defaults.as_ref())));
     }
     let shared = SharedAdmission::connect(url, local, limits).await.map_err(setup)?;
     Ok(Limiter::Shared(shared))

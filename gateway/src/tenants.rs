@@ -34,6 +34,25 @@ pub struct TenantLimitsConfig {
 }
 
 impl TenantLimitsConfig {
+    /// These limits, each unset one taken from `defaults` (a tenant's own limits over
+    /// `[tenant_defaults]`).
+    pub fn or(&self, defaults: Option<&TenantLimitsConfig>) -> TenantLimitsConfig {
+        let Some(d) = defaults else { return self.clone() };
+        TenantLimitsConfig {
+            max_in_flight: self.max_in_flight.or(d.max_in_flight),
+            kv_share: self.kv_share.or(d.kv_share),
+            request_rate: self.request_rate.or(d.request_rate),
+            request_burst: if self.request_rate.is_some() {
+                self.request_burst
+            } else {
+                self.request_burst.or(d.request_burst)
+            },
+            token_rate: self.token_rate.or(d.token_rate),
+            token_burst: if self.token_rate.is_some() { self.token_burst } else { self.token_burst.or(d.token_burst) },
+            weight: self.weight.or(d.weight),
+        }
+    }
+
     /// The admission's form.
     pub fn to_limits(&self) -> TenantLimits {
         let mut limits = TenantLimits::new();
@@ -321,5 +340,25 @@ mod file_tests {
             keyed.tenants[0].keys[1],
             KeyConfig::WithPriority { key: "j".into(), priority: Some(PriorityConfig::Batch) }
         );
+    }
+}
+
+#[cfg(test)]
+mod defaults_tests {
+    use super::*;
+
+    #[test]
+    fn a_tenants_own_limits_go_over_the_defaults() {
+        let defaults = TenantLimitsConfig {
+            max_in_flight: Some(4),
+            request_rate: Some(2.0),
+            request_burst: Some(9),
+            ..Default::default()
+        };
+        let own = TenantLimitsConfig { request_rate: Some(5.0), weight: Some(3), ..Default::default() };
+        let merged = own.or(Some(&defaults));
+        assert_eq!((merged.max_in_flight, merged.request_rate, merged.weight), (Some(4), Some(5.0), Some(3)));
+        assert_eq!(merged.request_burst, None, "a burst goes with its own rate");
+        assert_eq!(TenantLimitsConfig::default().or(Some(&defaults)), defaults);
     }
 }
