@@ -187,7 +187,17 @@ impl Settings {
     pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
         let file_error = |reason: String| ConfigError::File { path: path.to_owned(), reason };
         let text = std::fs::read_to_string(path).map_err(|e| file_error(e.to_string()))?;
-        toml::from_str(&text).map_err(|e| file_error(e.to_string()))
+        Self::from_toml(&text).map_err(file_error)
+    }
+
+    /// Reads the settings of a config file's text.
+    ///
+    /// # Errors
+    ///
+    /// The TOML parser's message (with the line and column) for text that is not valid TOML with known
+    /// keys of the right types.
+    pub fn from_toml(text: &str) -> Result<Self, String> {
+        toml::from_str(text).map_err(|e| e.to_string())
     }
 
     /// These settings, each missing one taken from `file`.

@@ -117,7 +117,8 @@ pub enum KeyConfig {
 }
 
 impl KeyConfig {
-    fn key(&self) -> &str {
+    /// The key as configured (`sha256:...` or plain).
+    pub fn key(&self) -> &str {
         match self {
             KeyConfig::Key(key) | KeyConfig::WithPriority { key, .. } => key,
         }
