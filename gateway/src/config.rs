@@ -154,6 +154,9 @@ pub struct Config {
     pub state_file: Option<PathBuf>,
     /// Where the per-request log lines go (`-`: standard error); `None`: no log.
     pub request_log: Option<PathBuf>,
+    /// An OpenTelemetry collector's OTLP/HTTP endpoint (`http://collector:4318`) for one span per
+    /// request (feature `otel`).
+    pub otlp_endpoint: Option<String>,
     /// How often upstreams are health-checked.
     pub health_interval: Duration,
     /// Failed answers in a row that take an upstream out.
@@ -203,6 +206,7 @@ impl Default for Config {
             prefix_sharing: None,
             state_file: None,
             request_log: None,
+            otlp_endpoint: None,
             health_interval: Duration::from_secs(5),
             max_fails: 3,
             engine_feedback: None,
@@ -267,7 +271,7 @@ pub fn restart_only_change(old: &Config, new: &Config) -> Option<&'static str> {
         ("model_config", old.model_config != new.model_config),
         ("redis", old.redis != new.redis || old.redis_prefix != new.redis_prefix),
         ("state_file", old.state_file != new.state_file),
-        ("request_log", old.request_log != new.request_log),
+        ("request_log and otlp_endpoint", old.request_log != new.request_log || old.otlp_endpoint != new.otlp_endpoint),
         ("max_connections", old.max_connections != new.max_connections),
         (
             "header_timeout and send_timeout",

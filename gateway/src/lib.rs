@@ -20,6 +20,7 @@
 //! | `shared` (feature `redis`) | `--redis`: the limits every replica shares |
 //! | [`health`] | health checks, engine feedback, usage saving |
 //! | [`trace`] | request ids, W3C trace context, the per-request log line |
+//! | `otel` (feature `otel`) | one span per request to an OpenTelemetry collector (OTLP/HTTP JSON) |
 //! | [`server`] | the routes, reading a request before admission, the handler behind it, reloads |
 //! | [`conn`] | connections: cap, header and send deadlines, graceful shutdown |
 //! | [`proxy`] | forwarding to an upstream and passing its answer on |
@@ -52,6 +53,8 @@ pub mod health;
 pub mod keys;
 pub mod limiter;
 pub mod metrics;
+#[cfg(feature = "otel")]
+pub mod otel;
 pub mod plan;
 pub mod proxy;
 pub mod server;

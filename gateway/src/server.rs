@@ -77,6 +77,8 @@ struct Inner {
     served_model: String,
     metrics: PrometheusHandle,
     log: RequestLog,
+    #[cfg(feature = "otel")]
+    otel: Option<crate::otel::Exporter>,
     clock: MonotonicClock,
     closing: AtomicBool,
     source: Mutex<Option<ConfigSource>>,
@@ -216,6 +218,17 @@ impl Gateway {
             })?,
             None => RequestLog::off(),
         };
+        #[cfg(feature = "otel")]
+        let otel = match &config.otlp_endpoint {
+            Some(endpoint) => Some(crate::otel::Exporter::start(endpoint).map_err(ConfigError::Conflict)?),
+            None => None,
+        };
+        #[cfg(not(feature = "otel"))]
+        if config.otlp_endpoint.is_some() {
+            return Err(ConfigError::Conflict(
+                "--otlp-endpoint: this gateway was built without the `otel` feature".into(),
+            ));
+        }
         let upstreams = plan::upstreams(&config, specs, limiters)?;
         let simulated = matches!(upstreams[0].backend, Backend::Simulated(_));
         let dispatcher = Dispatcher::new(upstreams, config.max_queue_wait);
@@ -232,6 +245,8 @@ impl Gateway {
             served_model,
             metrics: metrics::handle(),
             log,
+            #[cfg(feature = "otel")]
+            otel,
             clock: MonotonicClock::new(),
             closing: AtomicBool::new(false),
             source: Mutex::new(None),
@@ -611,7 +626,11 @@ fn finish(gateway: &Gateway, mut response: Response, context: RequestContext) ->
     let tenant = context.caller.as_ref().map(|c| if context.listed { &*c.name } else { "unlisted" });
     metrics::response(status, tenant);
     let served = response.extensions_mut().remove::<Served>();
-    if !inner.log.is_on() && served.as_ref().is_none_or(|s| s.budget.lock().is_none()) {
+    #[cfg(feature = "otel")]
+    let exporting = inner.otel.is_some();
+    #[cfg(not(feature = "otel"))]
+    let exporting = false;
+    if !inner.log.is_on() && !exporting && served.as_ref().is_none_or(|s| s.budget.lock().is_none()) {
         return response;
     }
     let decision = match (status, &served) {
@@ -620,6 +639,8 @@ fn finish(gateway: &Gateway, mut response: Response, context: RequestContext) ->
         _ => "invalid",
     };
     let line = LogLine {
+        parent_span_id: context.trace.parent_span_id.clone(),
+        span_id: context.trace.span_id.clone(),
         request_id: context.trace.request_id.clone(),
         trace_id: context.trace.trace_id.clone(),
         tenant: context.caller.as_ref().map(|c| c.name.to_string()),
@@ -670,6 +691,10 @@ impl Logged {
         line.tokens_out = if line.decision == "admitted" { tokens } else { None };
         line.ts = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
         self.gateway.log.write(&line);
+        #[cfg(feature = "otel")]
+        if let Some(otel) = &self.gateway.otel {
+            otel.export(&line, now.saturating_sub(self.arrived));
+        }
     }
 }
 

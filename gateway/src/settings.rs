@@ -155,6 +155,10 @@ pub struct Settings {
     /// One JSON line per request to this file (`-`: standard error) [binary's default: -].
     #[arg(long, value_name = "FILE")]
     pub request_log: Option<PathBuf>,
+    /// Send one span per request to this OpenTelemetry collector (OTLP/HTTP, e.g. http://collector:4318);
+    /// needs the `otel` feature.
+    #[arg(long, value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
     /// How often upstreams are health-checked [default: 5s].
     #[arg(long, value_name = "DURATION")]
     pub health_interval: Option<String>,
@@ -222,6 +226,7 @@ impl Settings {
             prefix_sharing,
             state_file,
             request_log,
+            otlp_endpoint,
             health_interval,
             max_fails,
             engine_feedback,
@@ -403,6 +408,7 @@ impl Settings {
         }
         config.state_file = self.state_file;
         config.request_log = self.request_log;
+        config.otlp_endpoint = self.otlp_endpoint;
         config.health_interval = duration("--health-interval", self.health_interval, config.health_interval, false)?;
         if let Some(n) = self.max_fails {
             if n == 0 {

@@ -42,6 +42,8 @@ pub struct Trace {
     pub trace_id: String,
     /// The gateway's span id for this request, 16 hex digits (the parent of the upstream's spans).
     pub span_id: String,
+    /// The client's span, the parent of the gateway's (when the client sent a `traceparent`).
+    pub parent_span_id: Option<String>,
     /// The trace flags (sampled: `01`).
     pub flags: String,
 }
@@ -96,11 +98,13 @@ impl Trace {
                 && span.bytes().any(|b| b != b'0')
                 && is_hex(flags, 2)
                 && (version != "00" || parts.next().is_none());
-            valid.then(|| (trace.to_owned(), flags.to_owned()))
+            valid.then(|| (trace.to_owned(), span.to_owned(), flags.to_owned()))
         });
-        let (trace_id, flags) =
-            parent.unwrap_or_else(|| (format!("{:016x}{:016x}", next_id(), next_id()), "01".into()));
-        Self { request_id, trace_id, span_id: format!("{:016x}", next_id()), flags }
+        let (trace_id, parent_span_id, flags) = match parent {
+            Some((trace, span, flags)) => (trace, Some(span), flags),
+            None => (format!("{:016x}{:016x}", next_id(), next_id()), None, "01".into()),
+        };
+        Self { request_id, trace_id, span_id: format!("{:016x}", next_id()), parent_span_id, flags }
     }
 
     /// The `traceparent` sent upstream: this trace, the gateway's span as the parent.
@@ -112,6 +116,12 @@ impl Trace {
 /// One request's log line; see the [module docs](self).
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct LogLine {
+    /// The client's span (for the OpenTelemetry exporter; not logged).
+    #[serde(skip)]
+    pub parent_span_id: Option<String>,
+    /// The gateway's span (for the OpenTelemetry exporter; not logged).
+    #[serde(skip)]
+    pub span_id: String,
     /// Seconds since the epoch.
     pub ts: f64,
     /// The request id.

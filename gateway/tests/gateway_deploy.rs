@@ -670,3 +670,58 @@ async fn the_admin_endpoint_reloads_and_shows_usage_and_metrics_move_off_the_mai
     // The admin endpoint is not on the main port.
     assert_eq!(http.post(format!("http://{addr}/admin/reload")).send().await.unwrap().status(), 404);
 }
+
+#[cfg(feature = "otel")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_request_is_one_span_at_the_opentelemetry_collector() {
+    let upstream = mock(Duration::ZERO, None).await;
+    let received = Arc::new(Mutex::new(Vec::<Value>::new()));
+    let seen = Arc::clone(&received);
+    let collector = axum::Router::new().route(
+        "/v1/traces",
+        axum::routing::post(move |body: bytes::Bytes| {
+            let seen = Arc::clone(&seen);
+            async move {
+                seen.lock().unwrap().push(serde_json::from_slice(&body).unwrap());
+                "{}"
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let collector_addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, collector).await });
+    let config = Config {
+        backend: BackendConfig::Upstream(format!("http://{}", upstream.addr)),
+        otlp_endpoint: Some(format!("http://{collector_addr}")),
+        tenants: vec![tenant("alice", "sk-alice")],
+        ..Config::default()
+    };
+    let gateway = Gateway::new(config).unwrap();
+    let addr = start(&gateway).await;
+    let response = client()
+        .post(format!("http://{addr}/v1/chat/completions"))
+        .bearer_auth("sk-alice")
+        .header("x-request-id", "otel-1")
+        .header("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+        .json(&chat("hello", 8, false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    response.bytes().await.unwrap();
+    assert!(eventually(|| !received.lock().unwrap().is_empty()).await, "no span reached the collector");
+    let export = received.lock().unwrap()[0].clone();
+    let span = &export["resourceSpans"][0]["scopeSpans"][0]["spans"][0];
+    assert_eq!(span["traceId"], "4bf92f3577b34da6a3ce929d0e0e4736");
+    assert_eq!(span["parentSpanId"], "00f067aa0ba902b7", "under the client's span");
+    let upstream_parent = upstream.headers.lock().unwrap()[0]["traceparent"].to_str().unwrap().to_owned();
+    assert_eq!(upstream_parent.split('-').nth(2), span["spanId"].as_str(), "the engine's parent is this span");
+    assert_eq!(span["kind"], 2);
+    let attributes = span["attributes"].as_array().unwrap();
+    let attribute = |key: &str| attributes.iter().find(|a| a["key"] == key).map(|a| a["value"].clone());
+    assert_eq!(attribute("kvgate.request_id"), Some(json!({"stringValue": "otel-1"})));
+    assert_eq!(attribute("kvgate.tenant"), Some(json!({"stringValue": "alice"})));
+    assert_eq!(attribute("http.response.status_code"), Some(json!({"intValue": "200"})));
+    assert_eq!(export["resourceSpans"][0]["resource"]["attributes"][0]["value"]["stringValue"], "kvgate-gateway");
+    assert!(!export.to_string().contains("sk-alice"), "keys are never exported");
+}
