@@ -52,12 +52,11 @@ pub async fn front(url: &str, config: &Config, specs: &[UpstreamSpec]) -> Result
     }
     let rates = |l: &crate::tenants::TenantLimitsConfig| {
         let mut rates = TenantRates::new();
-        if let Some(rate) = l.request_rate {
-            rates = rates
-                .request_rate(rate, l.request_burst.unwrap_or((rate.ceil().max(1.0)).min(f64::from(u32::MAX)) as u32));
+        if let Some((rate, burst)) = l.request_rate_and_burst() {
+            rates = rates.request_rate(rate, burst);
         }
-        if let Some(rate) = l.token_rate {
-            rates = rates.token_rate(rate, l.token_burst.unwrap_or((rate * 10.0).ceil().min(u64::MAX as f64) as u64));
+        if let Some((rate, burst)) = l.token_rate_and_burst() {
+            rates = rates.token_rate(rate, burst);
         }
         rates
     };

@@ -53,6 +53,18 @@ impl TenantLimitsConfig {
         }
     }
 
+    /// The request rate and its burst (default `max(1, rate)`), if a rate is set.
+    pub fn request_rate_and_burst(&self) -> Option<(f64, u32)> {
+        let rate = self.request_rate?;
+        Some((rate, self.request_burst.unwrap_or((rate.ceil().max(1.0)).min(f64::from(u32::MAX)) as u32)))
+    }
+
+    /// The token rate and its burst (default `10 × rate`), if a rate is set.
+    pub fn token_rate_and_burst(&self) -> Option<(f64, u64)> {
+        let rate = self.token_rate?;
+        Some((rate, self.token_burst.unwrap_or((rate * 10.0).ceil().min(u64::MAX as f64) as u64)))
+    }
+
     /// The admission's form.
     pub fn to_limits(&self) -> TenantLimits {
         let mut limits = TenantLimits::new();
@@ -62,12 +74,10 @@ impl TenantLimitsConfig {
         if let Some(share) = self.kv_share {
             limits = limits.kv_share(share);
         }
-        if let Some(rate) = self.request_rate {
-            let burst = self.request_burst.unwrap_or((rate.ceil().max(1.0)).min(f64::from(u32::MAX)) as u32);
+        if let Some((rate, burst)) = self.request_rate_and_burst() {
             limits = limits.request_rate(rate, burst);
         }
-        if let Some(rate) = self.token_rate {
-            let burst = self.token_burst.unwrap_or((rate * 10.0).ceil().min(u64::MAX as f64) as u64);
+        if let Some((rate, burst)) = self.token_rate_and_burst() {
             limits = limits.token_rate(rate, burst);
         }
         if let Some(weight) = self.weight {
