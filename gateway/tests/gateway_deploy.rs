@@ -14,7 +14,7 @@ use kvgate_gateway::{BackendConfig, Config, Gateway};
 use serde_json::{Value, json};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -81,11 +81,13 @@ async fn post(http: &reqwest::Client, addr: SocketAddr, key: Option<&str>, body:
 }
 
 /// A mock OpenAI-compatible upstream: answers chats (streamed or not) after `delay`, records each
-/// request's headers, counts requests at once; `/v1/models` and `/health` answer 200.
+/// request's headers, counts requests at once; `/v1/models` and `/health` answer 200. While `failing`
+/// is set, chats get a 500.
 struct Mock {
     addr: SocketAddr,
     headers: Arc<Mutex<Vec<http::HeaderMap>>>,
     served: Arc<AtomicUsize>,
+    failing: Arc<AtomicBool>,
     server: tokio::task::JoinHandle<()>,
 }
 
@@ -93,13 +95,18 @@ async fn mock(delay: Duration, metrics: Option<Arc<Mutex<String>>>) -> Mock {
     use axum::response::IntoResponse;
     let headers = Arc::new(Mutex::new(Vec::new()));
     let served = Arc::new(AtomicUsize::new(0));
-    let (seen, count) = (Arc::clone(&headers), Arc::clone(&served));
+    let failing = Arc::new(AtomicBool::new(false));
+    let (seen, count, fail) = (Arc::clone(&headers), Arc::clone(&served), Arc::clone(&failing));
     let chat = move |request_headers: http::HeaderMap, body: bytes::Bytes| {
-        let (seen, count) = (Arc::clone(&seen), Arc::clone(&count));
+        let (seen, count, fail) = (Arc::clone(&seen), Arc::clone(&count), Arc::clone(&fail));
         async move {
             seen.lock().unwrap().push(request_headers);
             count.fetch_add(1, Ordering::Relaxed);
             tokio::time::sleep(delay).await;
+            if fail.load(Ordering::Relaxed) {
+                let error = json!({"error": {"message": "engine error", "type": "server_error"}});
+                return (http::StatusCode::INTERNAL_SERVER_ERROR, axum::Json(error)).into_response();
+            }
             let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
             if body["stream"] == true {
                 let events = ["data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n", "data: [DONE]\n\n"];
@@ -124,7 +131,7 @@ async fn mock(delay: Duration, metrics: Option<Arc<Mutex<String>>>) -> Mock {
     let server = tokio::spawn(async move {
         let _ = axum::serve(listener, app).await;
     });
-    Mock { addr, headers, served, server }
+    Mock { addr, headers, served, failing, server }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -485,6 +492,57 @@ async fn a_dead_upstream_is_skipped_after_its_health_check() {
     assert_eq!(b.served.load(Ordering::Relaxed), before + 10);
     let metrics = gateway.metrics_text();
     assert!(metrics.contains("kvgate_gateway_upstream_in_service{upstream=\"a\"} 0"), "{metrics}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_that_keeps_answering_5xx_is_taken_out_and_probed_back_in() {
+    let (a, b) = (mock(Duration::ZERO, None).await, mock(Duration::ZERO, None).await);
+    // `a` has the larger KV budget, so an idle gateway sends each request there first.
+    let upstream = |name: &str, addr: SocketAddr, kv: u64| UpstreamConfig {
+        name: Some(name.into()),
+        url: Some(format!("http://{addr}")),
+        max_in_flight: Some(4),
+        kv_tokens: Some(kv),
+        health_path: Some("/health".into()),
+        ..UpstreamConfig::default()
+    };
+    let config = Config {
+        upstreams: vec![upstream("a", a.addr, 200_000), upstream("b", b.addr, 100_000)],
+        health_interval: Duration::from_millis(500),
+        max_fails: 2,
+        ..Config::default()
+    };
+    let gateway = Gateway::new(config).unwrap();
+    let addr = start(&gateway).await;
+    let http = client();
+    assert_eq!(post(&http, addr, None, &chat("x", 4, false)).await.status(), 200);
+    assert_eq!((a.served.load(Ordering::Relaxed), b.served.load(Ordering::Relaxed)), (1, 0), "a first");
+
+    // `a` answers 500 while its health check passes: two in a row take it out at once (a health check
+    // that passes in between starts the count again, so try a few times).
+    a.failing.store(true, Ordering::Relaxed);
+    let flaky = &gateway.upstreams()[0];
+    let mut taken_out = false;
+    for _ in 0..20 {
+        let response = post(&http, addr, None, &chat("x", 4, false)).await;
+        if response.status().is_server_error() && !flaky.is_healthy() {
+            taken_out = true;
+            break;
+        }
+    }
+    assert!(taken_out, "two 5xx answers in a row never took the upstream out");
+    let metrics = gateway.metrics_text();
+    assert!(metrics.contains("kvgate_gateway_upstream_in_service{upstream=\"a\"} 0"), "{metrics}");
+
+    // Fixed, it is probed back in by the next health check, and takes requests again.
+    a.failing.store(false, Ordering::Relaxed);
+    assert!(eventually(|| flaky.is_healthy()).await, "the health check never put it back in");
+    let before = a.served.load(Ordering::Relaxed);
+    for _ in 0..3 {
+        assert_eq!(post(&http, addr, None, &chat("x", 4, false)).await.status(), 200);
+    }
+    assert_eq!(a.served.load(Ordering::Relaxed), before + 3, "back in, it is the first choice again");
+    assert_eq!(gateway.admission().snapshot().max_in_flight, 8, "the front's capacity counts it again");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
