@@ -450,6 +450,52 @@ async fn two_upstreams_with_different_budgets_never_exceed_either() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn above_four_upstreams_two_random_choices_spread_the_load_within_every_budget() {
+    // Six upstreams (more than `P2C_ABOVE`): each request tries two drawn at random first.
+    const { assert!(6 > kvgate_gateway::dispatch::P2C_ABOVE) };
+    let budgets = [(1, 400), (2, 800), (2, 600), (3, 1_500), (1, 300), (4, 2_000)];
+    let upstreams = budgets
+        .iter()
+        .enumerate()
+        .map(|(i, &(slots, kv))| UpstreamConfig {
+            name: Some(format!("gpu-{i}")),
+            sim_tokens_per_sec: Some(1_000.0),
+            max_in_flight: Some(slots),
+            kv_tokens: Some(kv),
+            ..UpstreamConfig::default()
+        })
+        .collect();
+    let config = Config { upstreams, queue: 200, max_queue_wait: Duration::from_secs(30), ..Config::default() };
+    let gateway = Gateway::new(config).unwrap();
+    let front = gateway.admission().snapshot();
+    assert_eq!((front.max_in_flight, front.kv_capacity), (13, 5_600));
+    let addr = start(&gateway).await;
+    let http = client();
+    let tasks: Vec<_> = (0..120u32)
+        .map(|i| {
+            let http = http.clone();
+            let body = chat(&"word ".repeat(5 + (i as usize * 7) % 40), 20 + (i * 13) % 60, i % 3 == 0);
+            tokio::spawn(async move {
+                let response = post(&http, addr, None, &body).await;
+                (response.status().as_u16(), response.text().await.unwrap_or_default())
+            })
+        })
+        .collect();
+    for task in tasks {
+        let (status, body) = task.await.unwrap();
+        assert_eq!(status, 200, "{body}");
+    }
+    for (upstream, &(slots, kv)) in gateway.upstreams().iter().zip(&budgets) {
+        let books = upstream.sim_stats().unwrap();
+        assert!(books.peak_running <= slots && books.peak_kv_in_use <= kv, "{}: {books:?}", upstream.name);
+        assert_eq!(books.overflows, 0, "{}: {books:?}", upstream.name);
+        assert!(books.started > 0, "{} never served: {books:?}", upstream.name);
+    }
+    let started: u64 = gateway.upstreams().iter().map(|u| u.sim_stats().unwrap().started).sum();
+    assert_eq!(started, 120);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_upstream_is_skipped_after_its_health_check() {
     let (a, b) = (mock(Duration::from_millis(100), None).await, mock(Duration::from_millis(100), None).await);
     let upstream = |name: &str, addr: SocketAddr| UpstreamConfig {
