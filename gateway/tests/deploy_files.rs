@@ -30,3 +30,16 @@ fn the_readme_prints_the_example_config() {
     let block = section.split("```toml\n").nth(1).and_then(|b| b.split("```").next()).expect("a toml block");
     assert_eq!(block, example, "gateway/README.md and deploy/gateway.toml differ");
 }
+
+#[test]
+fn the_readme_documents_every_flag() {
+    use clap::CommandFactory;
+    let readme = std::fs::read_to_string(repository().join("gateway/README.md")).unwrap();
+    let settings =
+        readme.split("## Settings").nth(1).and_then(|s| s.split("\n## ").next()).expect("a Settings section");
+    let command = kvgate_gateway::settings::Settings::command();
+    let flags: Vec<_> = command.get_arguments().filter_map(|a| a.get_long()).filter(|f| *f != "help").collect();
+    assert!(flags.len() > 30, "{flags:?}");
+    let missing: Vec<_> = flags.iter().filter(|f| !settings.contains(&format!("`--{f}"))).collect();
+    assert!(missing.is_empty(), "the Settings table of gateway/README.md lacks {missing:?}");
+}
