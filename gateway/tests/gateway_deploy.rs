@@ -592,6 +592,30 @@ async fn an_upstream_that_keeps_answering_5xx_is_taken_out_and_probed_back_in() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_show_the_ten_busiest_tenants() {
+    // Eleven tenants; ten run a stream each, the eleventh runs nothing and is left out.
+    let tenants = (0..11).map(|i| tenant(&format!("busy-{i}"), &format!("sk-busy-{i}"))).collect();
+    let gateway = Gateway::new(Config { tenants, ..sim(16, 1_000_000, 20.0) }).unwrap();
+    let addr = start(&gateway).await;
+    let http = client();
+    let mut streams = Vec::new();
+    for i in 0..10 {
+        let response = post(&http, addr, Some(&format!("sk-busy-{i}")), &chat("x", 400, true)).await;
+        assert_eq!(response.status(), 200);
+        let mut stream = response.bytes_stream();
+        stream.next().await.unwrap().unwrap();
+        streams.push(stream);
+    }
+    let text = gateway.metrics_text();
+    for i in 0..10 {
+        let sample = format!("kvgate_gateway_tenant_requests_running{{tenant=\"busy-{i}\"}} 1");
+        assert!(text.contains(&sample), "/metrics lacks {sample}:\n{text}");
+    }
+    assert!(!text.contains("tenant_requests_running{tenant=\"busy-10\"}"), "{text}");
+    drop(streams);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_priority_header_only_lowers() {
     let config = Config {
         tenants: vec![
