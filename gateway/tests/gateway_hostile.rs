@@ -461,3 +461,34 @@ async fn a_huge_max_tokens_is_refused_without_a_kv_budget() {
     assert_eq!(response.json::<Value>().await.unwrap()["error"]["code"], "max_tokens_too_large");
     assert_eq!(gateway.admission().snapshot().admitted, 0);
 }
+
+/// Headers are bounded: more than 100 header fields get a 431, and a head past hyper's buffer (about
+/// 400 KiB) is refused without being held; neither reaches admission, and the gateway serves on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn too_many_or_too_large_headers_are_refused_before_admission() {
+    let gateway = Gateway::new(sim(4, 10_000)).unwrap();
+    let addr = start(&gateway).await;
+    let body = chat("hi", 2, false).to_string();
+    let head = |extra: &str| {
+        format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+             content-length: {}\r\n{extra}\r\n{body}",
+            body.len()
+        )
+    };
+    let many: String = (0..200).map(|i| format!("x-filler-{i}: {i}\r\n")).collect();
+    let mut conn = TcpStream::connect(addr).await.unwrap();
+    conn.write_all(head(&many).as_bytes()).await.unwrap();
+    let answer = String::from_utf8_lossy(&read_to_close(&mut conn).await).into_owned();
+    assert!(answer.starts_with("HTTP/1.1 431"), "{answer:?}");
+
+    let huge = format!("x-filler: {}\r\n", "a".repeat(500 << 10));
+    let mut conn = TcpStream::connect(addr).await.unwrap();
+    let _ = conn.write_all(head(&huge).as_bytes()).await; // the gateway may close before it is all sent
+    let answer = String::from_utf8_lossy(&read_to_close(&mut conn).await).into_owned();
+    assert!(answer.is_empty() || answer.starts_with("HTTP/1.1 431"), "{answer:?}");
+
+    assert_eq!(gateway.admission().snapshot().admitted, 0, "nothing reached admission");
+    let served = client().post(format!("http://{addr}/v1/chat/completions")).json(&chat("hi", 2, false)).send().await;
+    assert_eq!(served.unwrap().status(), 200);
+}
