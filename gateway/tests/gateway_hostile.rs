@@ -1,7 +1,8 @@
 //! The gateway against hostile or careless clients and upstreams, over real sockets on loopback: a
 //! client that stops reading, slow headers and bodies, too many connections, queued bodies filling
 //! memory, bodies that ask an engine for more than was reserved or hide prompt text in tools, upstream
-//! addresses in error bodies, an upstream's own busy answers, methods other than POST, and shutdown.
+//! addresses in error bodies, an upstream's own busy answers, methods other than POST, oversized headers,
+//! and shutdown.
 //!
 //! Every wait is a bounded loop (`eventually`) or a read with a generous cap; no assertion is about
 //! how long something took.
