@@ -6,6 +6,7 @@
 //! cargo run --release --example capacity -- --config path/config.json --weight-gb 16 --gpu a100-80
 //! cargo run --release --example capacity -- --model llama-3.1-8b --gpu l4 --engine llama.cpp --n-ctx 32768 \
 //!     --parallel 4 --kv-dtype q8_0 --weight-dtype q4_0
+//! cargo run --release --example capacity -- --model llama-3.1-8b --gpu h100-80 --users 300 --ttft-slo 2s
 //! ```
 
 use std::process::ExitCode;
@@ -36,6 +37,10 @@ OPTIONS:
     --chunk N            prefill chunk (vLLM's max_num_batched_tokens) for the prefill peak (default 8192)
     --tp N               tensor-parallel degree (default 1)
     --gpu-util F         fraction of GPU memory vLLM may use, in (0, 1] (default 0.9)
+    --users N            plan for N employees: sweep the admission limits in the overload lab (kvgate::sim)
+                         and print the gateway flags that keep p99 time to first token under --ttft-slo,
+                         the goodput they give, and how many employees fit at that SLO
+    --ttft-slo DURATION  the time-to-first-token objective for --users (default 2s; e.g. 1500ms, 2s)
     -h, --help           this help
 ";
 
@@ -56,6 +61,8 @@ struct Args {
     chunk: u64,
     tp: u32,
     gpu_util: f64,
+    users: Option<u32>,
+    ttft_slo: std::time::Duration,
 }
 
 fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Option<Args>, String> {
@@ -78,6 +85,8 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Option<Args>, Stri
         chunk: 8192,
         tp: 1,
         gpu_util: 0.9,
+        users: None,
+        ttft_slo: std::time::Duration::from_secs(2),
     };
     while let Some(flag) = it.next() {
         if flag == "-h" || flag == "--help" {
@@ -103,6 +112,8 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Option<Args>, Stri
             "--n-ctx",
             "--parallel",
             "--chunk",
+            "--users",
+            "--ttft-slo",
         ];
         if !known.contains(&name.as_str()) {
             return Err(format!("unknown argument `{flag}` (see --help)"));
@@ -134,6 +145,10 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Option<Args>, Stri
             "--chunk" => args.chunk = value.parse().map_err(|_| bad("a token count"))?,
             "--tp" => args.tp = value.parse().map_err(|_| bad("a positive integer"))?,
             "--gpu-util" => args.gpu_util = value.parse().map_err(|_| bad("a fraction in (0, 1]"))?,
+            "--users" => args.users = Some(value.parse().map_err(|_| bad("a positive number of employees"))?),
+            "--ttft-slo" => {
+                args.ttft_slo = parse_duration(&value).ok_or_else(|| bad("a duration such as 2s or 1500ms"))?
+            }
             _ => unreachable!("checked against the known flags"),
         }
     }
@@ -144,6 +159,33 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Option<Args>, Stri
     args.model = model;
     args.config = config;
     Ok(Some(args))
+}
+
+/// The limits that keep `users` employees within the TTFT objective, found in the overload lab.
+#[cfg(feature = "sim")]
+fn plan_for(plan: &GpuPlan, args: &Args, users: u32) -> Result<(), String> {
+    use kvgate::sim::{EngineConfig, PlanRequest};
+    let engine = EngineConfig::for_plan(plan, args.weight_dtype).map_err(|e| e.to_string())?;
+    let request = PlanRequest::new(plan.clone(), engine, users, args.ttft_slo);
+    let recommendation = kvgate::sim::plan(&request).map_err(|e| e.to_string())?;
+    println!();
+    println!("{recommendation}");
+    Ok(())
+}
+
+#[cfg(not(feature = "sim"))]
+fn plan_for(_plan: &GpuPlan, _args: &Args, _users: u32) -> Result<(), String> {
+    Err("--users needs the `sim` feature (on for the examples)".into())
+}
+
+/// `2s`, `1500ms`, `0.5s`: a positive, finite duration.
+fn parse_duration(text: &str) -> Option<std::time::Duration> {
+    let (number, scale) = match text.strip_suffix("ms") {
+        Some(n) => (n, 1e-3),
+        None => (text.strip_suffix('s').unwrap_or(text), 1.0),
+    };
+    let seconds = number.trim().parse::<f64>().ok()? * scale;
+    std::time::Duration::try_from_secs_f64(seconds).ok().filter(|d| !d.is_zero())
 }
 
 fn load_spec(args: &Args) -> Result<ModelSpec, String> {
@@ -319,6 +361,9 @@ fn run(args: &Args) -> Result<(), String> {
                 );
             }
         }
+    }
+    if let Some(users) = args.users {
+        plan_for(&plan, args, users)?;
     }
     Ok(())
 }

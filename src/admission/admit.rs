@@ -162,7 +162,9 @@ impl Future for Admit {
                 let core = owner.core();
                 // Only a waiter with a deadline needs the time to poll.
                 let now = if ticket.deadline == u64::MAX { 0 } else { owner.now_nanos() };
-                match core.dispatcher.poll(core.resources(), ticket.key, now, Some(cx.waker())) {
+                // The waker is cloned here, outside the waiting room's lock (its clone is user code).
+                let waker = if ticket.key.granted() { None } else { Some(cx.waker().clone()) };
+                match core.dispatcher.poll(core.resources(), ticket.key, now, waker) {
                     None => Poll::Pending,
                     Some(outcome) => {
                         let State::Waiting(ticket) = std::mem::replace(&mut this.state, State::Done) else {

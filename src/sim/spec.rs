@@ -57,6 +57,31 @@ pub struct AdmissionSpec {
 }
 
 impl AdmissionSpec {
+    /// `pricing` and `max_in_flight`, refused at once (`queue` `None`) or waiting in a queue of the given
+    /// size for at most the given time; every other limit off, full reservations, the engine's pool as the
+    /// budget, no adaptive policy.
+    fn basic(
+        label: impl Into<String>,
+        pricing: Pricing,
+        max_in_flight: Option<usize>,
+        queue: Option<(usize, Duration)>,
+    ) -> Self {
+        Self {
+            label: label.into(),
+            pricing,
+            wait: queue.is_some(),
+            max_in_flight,
+            queue_capacity: queue.map_or(0, |(capacity, _)| capacity),
+            max_wait: queue.map(|(_, wait)| wait),
+            request_rate: None,
+            tenants: None,
+            reservation: Reservation::Full,
+            kv_budget_factor: 1.0,
+            adaptive: None,
+            feedback: None,
+        }
+    }
+
     /// The flags of the gateway example (`examples/gateway`) that configure the same limits, for a
     /// model and GPU preset given by name.
     ///
@@ -121,56 +146,27 @@ impl GateSpec {
     /// A count limit: `max_in_flight` requests, a queue of `queue` waiting at most `max_wait`, no KV
     /// model — a request-counting proxy in front of the engine.
     pub fn count_limit(max_in_flight: usize, queue: usize, max_wait: Duration) -> Self {
-        GateSpec::Admission(Box::new(AdmissionSpec {
-            label: "count limit".into(),
-            pricing: Pricing::Count,
-            wait: true,
-            max_in_flight: Some(max_in_flight),
-            queue_capacity: queue,
-            max_wait: Some(max_wait),
-            request_rate: None,
-            tenants: None,
-            reservation: Reservation::Full,
-            kv_budget_factor: 1.0,
-            adaptive: None,
-            feedback: None,
-        }))
+        GateSpec::Admission(Box::new(AdmissionSpec::basic(
+            "count limit",
+            Pricing::Count,
+            Some(max_in_flight),
+            Some((queue, max_wait)),
+        )))
     }
 
     /// kvgate `try_admit` pricing KV bytes against the engine's pool: refused at once when full.
     pub fn kv_try_admit() -> Self {
-        GateSpec::Admission(Box::new(AdmissionSpec {
-            label: "kvgate try_admit".into(),
-            pricing: Pricing::KvBytes,
-            wait: false,
-            max_in_flight: None,
-            queue_capacity: 0,
-            max_wait: None,
-            request_rate: None,
-            tenants: None,
-            reservation: Reservation::Full,
-            kv_budget_factor: 1.0,
-            adaptive: None,
-            feedback: None,
-        }))
+        GateSpec::Admission(Box::new(AdmissionSpec::basic("kvgate try_admit", Pricing::KvBytes, None, None)))
     }
 
     /// kvgate `admit` pricing KV bytes, with a queue of `queue` waiting at most `max_wait`.
     pub fn kv_admit(max_in_flight: Option<usize>, queue: usize, max_wait: Duration) -> Self {
-        GateSpec::Admission(Box::new(AdmissionSpec {
-            label: "kvgate admit".into(),
-            pricing: Pricing::KvBytes,
-            wait: true,
+        GateSpec::Admission(Box::new(AdmissionSpec::basic(
+            "kvgate admit",
+            Pricing::KvBytes,
             max_in_flight,
-            queue_capacity: queue,
-            max_wait: Some(max_wait),
-            request_rate: None,
-            tenants: None,
-            reservation: Reservation::Full,
-            kv_budget_factor: 1.0,
-            adaptive: None,
-            feedback: None,
-        }))
+            Some((queue, max_wait)),
+        )))
     }
 
     /// [`kv_admit`](Self::kv_admit) with every employee (and the heavy user) a tenant under `limits`.
@@ -205,20 +201,9 @@ impl GateSpec {
             Pricing::KvBytes => "KV",
         };
         let waiting = if queue == 0 { "try_admit".to_owned() } else { format!("queue {queue}") };
-        GateSpec::Admission(Box::new(AdmissionSpec {
-            label: format!("{kind} {limit}, {waiting}"),
-            pricing,
-            wait: queue > 0,
-            max_in_flight,
-            queue_capacity: queue,
-            max_wait: (queue > 0).then_some(max_wait),
-            request_rate: None,
-            tenants: None,
-            reservation: Reservation::Full,
-            kv_budget_factor: 1.0,
-            adaptive: None,
-            feedback: None,
-        }))
+        let label = format!("{kind} {limit}, {waiting}");
+        let queue = (queue > 0).then_some((queue, max_wait));
+        GateSpec::Admission(Box::new(AdmissionSpec::basic(label, pricing, max_in_flight, queue)))
     }
 
     /// The static settings a comparison sweeps for `pricing`: `max_in_flight` of 32, 64, 128, 192, 256,

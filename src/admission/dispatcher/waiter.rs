@@ -45,6 +45,9 @@ pub(crate) enum WaitState {
     Closed,
     /// A resize left it needing more than the whole of `limit`.
     TooLarge { limit: Limit, capacity: u64 },
+    /// Its class's waiting room was full and it was the newest waiter of the longest flow: a request of a
+    /// shorter flow took its place.
+    Displaced { retry_after: std::time::Duration },
 }
 
 /// How to wake a waiter's owner.
@@ -67,15 +70,19 @@ impl Notify {
         }
     }
 
-    /// Keeps the task's latest waker (cloning only when it changed).
-    pub(crate) fn update(&mut self, new: &Waker) {
+    /// Keeps the task's latest waker: `new` (cloned by the caller, outside the waiting room's lock)
+    /// replaces the one held unless that one wakes the same task. Returns the waker to drop — the old one
+    /// or the unused new one — for the caller to drop outside the lock (a waker's clone and drop are user
+    /// code).
+    pub(crate) fn update(&mut self, new: Waker) -> Option<Waker> {
         #[cfg_attr(loom, allow(irrefutable_let_patterns))]
         if let Notify::Task(slot) = self {
-            match slot {
-                Some(old) if old.will_wake(new) => {}
-                _ => *slot = Some(new.clone()),
-            }
+            return match slot {
+                Some(old) if old.will_wake(&new) => Some(new),
+                _ => slot.replace(new),
+            };
         }
+        Some(new)
     }
 }
 
