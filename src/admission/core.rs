@@ -28,6 +28,7 @@ pub(crate) struct Core {
 }
 
 impl Core {
+    #[allow(clippy::too_many_arguments)] // each is one limit of the core; a struct would only rename them
     pub(crate) fn new(
         max_in_flight: u64,
         kv_capacity: u64,
