@@ -5,8 +5,8 @@
 //! For every request the layer asks a user function for the [`Request`] to admit (prompt tokens,
 //! `max_tokens`, priority — or a 400/413 of its own for malformed input), waits for or refuses admission,
 //! and then either calls the inner service, wrapping its response body in a [`PermitBody`] that holds the
-//! permit until the body is finished or dropped, or answers the [`Rejection`](crate::Rejection) itself (see
-//! [`rejection_response`]).
+//! permit until the body is finished or dropped, or answers the [`Rejection`] itself (see
+//! [`rejection_response`](crate::http::rejection_response)).
 //!
 //! The inner service finds the admitted [`Request`] in the HTTP request's extensions
 //! (`req.extensions().get::<kvgate::Request>()`).
@@ -36,7 +36,7 @@
 //!
 //! # Answers
 //!
-//! Rejections become [`rejection_response`]s: every retryable one carries `Retry-After` and
+//! Rejections become [`rejection_response`](crate::http::rejection_response)s: every retryable one carries `Retry-After` and
 //! `retry-after-ms` (a [`TimedOut`](crate::Rejection::TimedOut) wait the admission's current
 //! [capacity estimate](Admission::capacity_retry_after)). Every answer — admitted or not — carries
 //! OpenAI's `x-ratelimit-*` headers for the rates the request meets (its tenant's or the global ones),
