@@ -21,14 +21,16 @@ fi
 "$venv/bin/python" -c 'import openai; print("openai", openai.__version__)'
 
 cargo build --quiet -p kvgate-gateway --bin kvgate-gateway
-cat > "$out/gateway.toml" <<'TOML'
+# Keys are stored as SHA-256 digests, as an operator writes them (`kvgate-gateway --hash-key`).
+sdk_key="$(printf '%s' sk-sdk | "$target/debug/kvgate-gateway" --hash-key)"
+cat > "$out/gateway.toml" <<TOML
 max_in_flight = 8
 kv_tokens = 20000
 token_rate = 50000.0
 
 [[tenants]]
 name = "sdk"
-keys = ["sk-sdk"]
+keys = ["$sdk_key"]
 priority = "interactive"
 request_rate = 0.5
 request_burst = 1000
@@ -41,5 +43,5 @@ request_burst = 1
 TOML
 
 . scripts/lib/gateway.sh
-start_gateway "$out/gateway.log" "$target/debug/kvgate-gateway" --config "$out/gateway.toml" --sim-tokens-per-sec 400
+start_gateway "$out/gateway.log" "$target/debug/kvgate-gateway" --config-file "$out/gateway.toml" --sim-tokens-per-sec 400
 "$venv/bin/python" scripts/openai_sdk_test.py "$url/v1"

@@ -44,7 +44,7 @@
 #![cfg_attr(docsrs, doc(cfg(feature = "http-body")))]
 
 use crate::clock::Clock;
-use crate::stream::{Completion, OutputCounter, Uncounted};
+use crate::stream::{Complete, Completion, OutputCounter, Uncounted};
 use crate::{Admission, Permit, RateLimitStatus, RateStatus, Rejection};
 use ::http::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 use ::http::{Response, StatusCode};
@@ -59,7 +59,8 @@ use std::time::Duration;
 /// The `retry-after-ms` header (milliseconds), as sent by OpenAI-compatible servers next to `Retry-After`.
 pub const RETRY_AFTER_MS: &str = "retry-after-ms";
 
-/// An [`http_body::Body`] that holds a [`Permit`] until the body ends or is dropped.
+/// An [`http_body::Body`] that holds a [`Permit`] (or any [`Complete`] grant) until the body ends or is
+/// dropped.
 ///
 /// The permit is returned exactly once: when the inner body ends (`poll_frame` returns `Ready(None)`),
 /// when it fails (`Ready(Some(Err(_)))`: the generation is over), or when the body is dropped early —
@@ -94,37 +95,37 @@ pub const RETRY_AFTER_MS: &str = "retry-after-ms";
 /// assert_eq!(admission.snapshot().in_flight, 0);
 /// ```
 #[pin_project]
-pub struct PermitBody<B, F = Uncounted> {
+pub struct PermitBody<B, F = Uncounted, P: Complete = Permit> {
     // Field order matters: the body is dropped before the permit is completed.
     #[pin]
     inner: B,
-    completion: Completion<F>,
+    completion: Completion<F, P>,
 }
 
-impl<B: Body> PermitBody<B> {
+impl<B: Body, P: Complete> PermitBody<B, Uncounted, P> {
     /// Wraps `body`, holding `permit`, reporting no output count (see [Output tokens](#output-tokens)).
-    pub fn new(body: B, permit: Permit) -> Self {
+    pub fn new(body: B, permit: P) -> Self {
         Self { inner: body, completion: Completion::new::<B::Data>(permit, Uncounted) }
     }
 }
 
-impl<B: Body, F> PermitBody<B, F> {
+impl<B: Body, F, P: Complete> PermitBody<B, F, P> {
     /// Counts output tokens with `counter`, an [`OutputCounter`] of the data frames (or a function of
     /// each frame). Call it before the first frame: the count starts from zero.
-    pub fn count_with<G: OutputCounter<B::Data>>(self, counter: G) -> PermitBody<B, G> {
+    pub fn count_with<G: OutputCounter<B::Data>>(self, counter: G) -> PermitBody<B, G, P> {
         let PermitBody { inner, completion } = self;
         PermitBody { inner, completion: completion.recount::<B::Data, G>(counter) }
     }
 }
 
-impl<B, F> PermitBody<B, F> {
+impl<B, F, P: Complete> PermitBody<B, F, P> {
     /// Output tokens counted so far; `None` when the counter cannot tell (always, without a counter).
     pub fn tokens_so_far(&self) -> Option<u32> {
         self.completion.tokens()
     }
 
     /// The permit, until the body ended (then it was completed).
-    pub fn permit(&self) -> Option<&Permit> {
+    pub fn permit(&self) -> Option<&P> {
         self.completion.permit()
     }
 
@@ -135,14 +136,14 @@ impl<B, F> PermitBody<B, F> {
 
     /// Unwraps into the inner body, the permit **not** completed (`None` if the body ended), and the
     /// tokens counted so far.
-    pub fn into_inner(self) -> (B, Option<Permit>, Option<u32>) {
+    pub fn into_inner(self) -> (B, Option<P>, Option<u32>) {
         let PermitBody { inner, mut completion } = self;
         let counted = completion.tokens();
         (inner, completion.take(), counted)
     }
 }
 
-impl<B: Body, F: OutputCounter<B::Data>> Body for PermitBody<B, F> {
+impl<B: Body, F: OutputCounter<B::Data>, P: Complete> Body for PermitBody<B, F, P> {
     type Data = B::Data;
     type Error = B::Error;
 
@@ -173,7 +174,7 @@ impl<B: Body, F: OutputCounter<B::Data>> Body for PermitBody<B, F> {
     }
 }
 
-impl<B, F> fmt::Debug for PermitBody<B, F> {
+impl<B, F, P: Complete + fmt::Debug> fmt::Debug for PermitBody<B, F, P> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PermitBody")
             .field("permit", &self.completion.permit())

@@ -4,6 +4,10 @@
 //! or until the client goes away and the server drops the stream. Wrapping the stream ties the permit to
 //! it: the permit is completed with the number of output tokens actually produced (so the unused part of
 //! the token-rate reservation is refunded) when the stream ends, or when it is dropped before its end.
+//!
+//! The permit is any [`Complete`] type: [`Permit`] by default, or the permit of another admission built on
+//! kvgate (limits shared by several replicas, a gateway dispatching over several servers) — the adapters
+//! here and in `kvgate::http` and `kvgate::tower` only hold it and complete it once.
 
 use crate::Permit;
 use futures::stream::{FusedStream, Stream};
@@ -72,20 +76,61 @@ impl<T: ?Sized, F: FnMut(&T) -> u32> OutputCounter<T> for F {
     }
 }
 
+/// A grant that is ended by reporting the output tokens its request produced: [`Permit::complete`], or
+/// the permit of another admission (one shared by several replicas, a gateway's permit over several
+/// servers). [`PermitStream`], [`PermitBody`](crate::http::PermitBody) and the tower layer hold any
+/// `Complete` permit and end it exactly once: `complete` with the count when the counter knows it,
+/// otherwise by dropping it.
+///
+/// Dropping a permit without `complete` must return its capacity too (it is how a request whose output
+/// is unknown ends).
+///
+/// # Examples
+///
+/// ```
+/// use kvgate::stream::{Complete, PermitStream};
+/// use std::sync::atomic::{AtomicU32, Ordering};
+///
+/// /// A permit of an admission of one's own that records what its request produced.
+/// struct Recorded<'a>(&'a AtomicU32);
+///
+/// impl Complete for Recorded<'_> {
+///     fn complete(self, output_tokens: u32) {
+///         self.0.store(output_tokens, Ordering::Relaxed);
+///     }
+/// }
+///
+/// let produced = AtomicU32::new(0);
+/// let stream = PermitStream::new(futures::stream::iter(["a", "b", "c"]), Recorded(&produced));
+/// futures::executor::block_on(futures::StreamExt::count(stream));
+/// assert_eq!(produced.load(Ordering::Relaxed), 3);
+/// ```
+pub trait Complete {
+    /// Ends the generation having produced `output_tokens`, and gives everything back.
+    fn complete(self, output_tokens: u32);
+}
+
+impl Complete for Permit {
+    #[inline]
+    fn complete(self, output_tokens: u32) {
+        Permit::complete(self, output_tokens);
+    }
+}
+
 /// Holds a permit, a counter, the running sum of its counts and its latest total; completes the permit
 /// exactly once — when told to, or when dropped — with that total, or drops it unreported when the
 /// total is unknown.
-pub(crate) struct Completion<F> {
-    permit: Option<Permit>,
+pub(crate) struct Completion<F, P: Complete = Permit> {
+    permit: Option<P>,
     counter: F,
     summed: u32,
     /// `counter.total(summed)`, refreshed after every item (the item type is known there, not in `Drop`).
     total: Option<u32>,
 }
 
-impl<F> Completion<F> {
+impl<F, P: Complete> Completion<F, P> {
     /// Holds `permit`, counting items of type `T` with `counter`.
-    pub(crate) fn new<T: ?Sized>(permit: Permit, counter: F) -> Self
+    pub(crate) fn new<T: ?Sized>(permit: P, counter: F) -> Self
     where
         F: OutputCounter<T>,
     {
@@ -94,7 +139,7 @@ impl<F> Completion<F> {
     }
 
     /// The same permit, counted by `counter` from the start.
-    pub(crate) fn recount<T: ?Sized, G: OutputCounter<T>>(mut self, counter: G) -> Completion<G> {
+    pub(crate) fn recount<T: ?Sized, G: OutputCounter<T>>(mut self, counter: G) -> Completion<G, P> {
         let total = counter.total(0);
         Completion { permit: self.permit.take(), counter, summed: 0, total }
     }
@@ -115,7 +160,7 @@ impl<F> Completion<F> {
         self.total
     }
 
-    pub(crate) fn permit(&self) -> Option<&Permit> {
+    pub(crate) fn permit(&self) -> Option<&P> {
         self.permit.as_ref()
     }
 
@@ -135,18 +180,18 @@ impl<F> Completion<F> {
     }
 
     /// Takes the permit out without completing it.
-    pub(crate) fn take(&mut self) -> Option<Permit> {
+    pub(crate) fn take(&mut self) -> Option<P> {
         self.permit.take()
     }
 }
 
-impl<F> Drop for Completion<F> {
+impl<F, P: Complete> Drop for Completion<F, P> {
     fn drop(&mut self) {
         self.finish();
     }
 }
 
-impl<F> fmt::Debug for Completion<F> {
+impl<F, P: Complete + fmt::Debug> fmt::Debug for Completion<F, P> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Completion").field("permit", &self.permit).field("tokens", &self.total).finish()
     }
@@ -187,21 +232,22 @@ impl<F> fmt::Debug for Completion<F> {
 /// ```
 #[pin_project]
 #[must_use = "streams do nothing unless polled"]
-pub struct PermitStream<S, F = OnePerItem> {
+pub struct PermitStream<S, F = OnePerItem, P: Complete = Permit> {
     // Field order matters: the stream is dropped before the permit is completed.
     #[pin]
     inner: S,
-    completion: Completion<F>,
+    completion: Completion<F, P>,
 }
 
-impl<S: Stream> PermitStream<S> {
-    /// Wraps `stream`, holding `permit`, counting one output token per item.
-    pub fn new(stream: S, permit: Permit) -> Self {
+impl<S: Stream, P: Complete> PermitStream<S, OnePerItem, P> {
+    /// Wraps `stream`, holding `permit` (a [`Permit`], or any [`Complete`] grant), counting one output
+    /// token per item.
+    pub fn new(stream: S, permit: P) -> Self {
         Self { inner: stream, completion: Completion::new::<S::Item>(permit, OnePerItem) }
     }
 }
 
-impl<S: Stream, F> PermitStream<S, F> {
+impl<S: Stream, F, P: Complete> PermitStream<S, F, P> {
     /// Counts output tokens with `counter` instead (an [`OutputCounter`], or a function of each item),
     /// for example the tokens in a chunk, or 0 for keep-alive and error items. Call it before the first
     /// item: the count starts again from zero.
@@ -220,7 +266,7 @@ impl<S: Stream, F> PermitStream<S, F> {
     /// futures::executor::block_on(async { while s.next().await.is_some() {} });
     /// assert_eq!(s.tokens_so_far(), Some(5));
     /// ```
-    pub fn count_with<G>(self, counter: G) -> PermitStream<S, G>
+    pub fn count_with<G>(self, counter: G) -> PermitStream<S, G, P>
     where
         G: OutputCounter<S::Item>,
     {
@@ -229,14 +275,14 @@ impl<S: Stream, F> PermitStream<S, F> {
     }
 }
 
-impl<S, F> PermitStream<S, F> {
+impl<S, F, P: Complete> PermitStream<S, F, P> {
     /// Output tokens counted so far; `None` when the counter cannot tell.
     pub fn tokens_so_far(&self) -> Option<u32> {
         self.completion.tokens()
     }
 
     /// The permit, while the stream has not ended; `None` after it ended (the permit was completed).
-    pub fn permit(&self) -> Option<&Permit> {
+    pub fn permit(&self) -> Option<&P> {
         self.completion.permit()
     }
 
@@ -257,14 +303,14 @@ impl<S, F> PermitStream<S, F> {
 
     /// Unwraps into the inner stream, the permit (`None` if the stream already ended) **not** completed,
     /// and the tokens counted so far. The caller takes over completing the permit.
-    pub fn into_inner(self) -> (S, Option<Permit>, Option<u32>) {
+    pub fn into_inner(self) -> (S, Option<P>, Option<u32>) {
         let PermitStream { inner, mut completion } = self;
         let counted = completion.tokens();
         (inner, completion.take(), counted)
     }
 }
 
-impl<S: Stream, F: OutputCounter<S::Item>> Stream for PermitStream<S, F> {
+impl<S: Stream, F: OutputCounter<S::Item>, P: Complete> Stream for PermitStream<S, F, P> {
     type Item = S::Item;
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<S::Item>> {
@@ -290,13 +336,13 @@ impl<S: Stream, F: OutputCounter<S::Item>> Stream for PermitStream<S, F> {
     }
 }
 
-impl<S: Stream, F: OutputCounter<S::Item>> FusedStream for PermitStream<S, F> {
+impl<S: Stream, F: OutputCounter<S::Item>, P: Complete> FusedStream for PermitStream<S, F, P> {
     fn is_terminated(&self) -> bool {
         self.completion.is_done()
     }
 }
 
-impl<S, F> fmt::Debug for PermitStream<S, F> {
+impl<S, F, P: Complete + fmt::Debug> fmt::Debug for PermitStream<S, F, P> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PermitStream")
             .field("permit", &self.completion.permit())

@@ -5,8 +5,8 @@
 //! For every request the layer asks a user function for the [`Request`] to admit (prompt tokens,
 //! `max_tokens`, priority — or a 400/413 of its own for malformed input), waits for or refuses admission,
 //! and then either calls the inner service, wrapping its response body in a [`PermitBody`] that holds the
-//! permit until the body is finished or dropped, or answers the [`Rejection`](crate::Rejection) itself (see
-//! [`rejection_response`]).
+//! permit until the body is finished or dropped, or answers the [`Rejection`] itself (see
+//! [`rejection_response`](crate::http::rejection_response)).
 //!
 //! The inner service finds the admitted [`Request`] in the HTTP request's extensions
 //! (`req.extensions().get::<kvgate::Request>()`).
@@ -36,18 +36,24 @@
 //!
 //! # Answers
 //!
-//! Rejections become [`rejection_response`]s: every retryable one carries `Retry-After` and
+//! Rejections become [`rejection_response`](crate::http::rejection_response)s: every retryable one carries `Retry-After` and
 //! `retry-after-ms` (a [`TimedOut`](crate::Rejection::TimedOut) wait the admission's current
 //! [capacity estimate](Admission::capacity_retry_after)). Every answer — admitted or not — carries
 //! OpenAI's `x-ratelimit-*` headers for the rates the request meets (its tenant's or the global ones),
 //! unless [`rate_limit_headers(false)`](AdmissionLayer::rate_limit_headers).
+//!
+//! # Other admissions
+//!
+//! The layer drives any [`AdmissionControl`]: an [`Admission`] (the default), or an admission built on
+//! kvgate elsewhere — limits shared by several replicas through a store, a gateway that picks one of
+//! several inference servers per request. Its permits only need to be [`Complete`].
 
 #![cfg_attr(docsrs, doc(cfg(feature = "tower")))]
 
-use crate::clock::{Clock, MonotonicClock};
-use crate::http::{PermitBody, insert_rate_limit_headers, rejection_response};
-use crate::stream::{OutputCounter, Uncounted};
-use crate::{Admission, Admit, Permit, Request};
+use crate::clock::Clock;
+use crate::http::{PermitBody, insert_rate_limit_headers, rejection_response_with_hint};
+use crate::stream::{Complete, OutputCounter, Uncounted};
+use crate::{Admission, Admit, Permit, RateLimitStatus, Rejection, Request, TenantId};
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project::pin_project;
@@ -56,8 +62,111 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
+use std::time::Duration;
 use tower_layer::Layer;
 use tower_service::Service;
+
+/// What [`AdmissionLayer`] admits through: an [`Admission`], or another admission with the same contract
+/// (all or nothing, a [`Rejection`] with honest hints, a permit that gives everything back once).
+///
+/// Both admitting methods return futures, so that an admission that asks a remote store (limits
+/// shared by replicas) or waits in a queue of its own fits; the in-process [`Admission`] answers
+/// [`try_admit`](AdmissionControl::try_admit) at once (a ready future).
+///
+/// # Examples
+///
+/// An admission that refuses requests over a prompt size before asking an [`Admission`], driven by the
+/// layer like the admission itself:
+///
+/// ```
+/// use kvgate::tower::{AdmissionControl, AdmissionLayer};
+/// use kvgate::{Admission, Permit, RateLimitStatus, Rejection, Request, TenantId};
+/// use std::future::{Ready, ready};
+/// use std::time::Duration;
+///
+/// #[derive(Clone)]
+/// struct ShortPrompts(Admission);
+///
+/// impl AdmissionControl for ShortPrompts {
+///     type Permit = Permit;
+///     type TryAdmit = Ready<Result<Permit, Rejection>>;
+///     type Admit = Ready<Result<Permit, Rejection>>;
+///
+///     fn try_admit(&self, request: &Request) -> Self::TryAdmit {
+///         if request.prompt_tokens > 4_096 {
+///             return ready(Err(Rejection::Invalid { reason: "prompts over 4096 tokens are not served here" }));
+///         }
+///         ready(self.0.try_admit(request))
+///     }
+///     fn admit(&self, request: &Request) -> Self::Admit {
+///         self.try_admit(request)
+///     }
+///     fn capacity_retry_after(&self) -> Duration {
+///         self.0.capacity_retry_after()
+///     }
+///     fn rate_status(&self, tenant: Option<TenantId>) -> RateLimitStatus {
+///         self.0.rate_status(tenant)
+///     }
+/// }
+///
+/// let admission = ShortPrompts(Admission::builder().max_in_flight(4).build().unwrap());
+/// let layer = AdmissionLayer::new(admission, |_req: &http::Request<()>| Ok::<_, kvgate::tower::Refusal>(Request::new(10_000, 10)));
+/// # let _ = layer;
+/// ```
+pub trait AdmissionControl {
+    /// What a granted request holds until its answer ends.
+    type Permit: Complete;
+    /// The future of [`try_admit`](AdmissionControl::try_admit).
+    type TryAdmit: Future<Output = Result<Self::Permit, Rejection>>;
+    /// The future of [`admit`](AdmissionControl::admit).
+    type Admit: Future<Output = Result<Self::Permit, Rejection>>;
+
+    /// Admits `request` now or refuses it, without waiting for capacity (the layer's
+    /// [`wait(false)`](AdmissionLayer::wait)). A refused request holds nothing.
+    fn try_admit(&self, request: &Request) -> Self::TryAdmit;
+
+    /// Admits `request`, waiting for capacity as the admission is configured. Dropping the future gives
+    /// back whatever it holds.
+    fn admit(&self, request: &Request) -> Self::Admit;
+
+    /// The current estimate of how long a request that waited now would wait for capacity: the
+    /// `Retry-After` of a [`Rejection::TimedOut`] answer (see [`Admission::capacity_retry_after`]).
+    fn capacity_retry_after(&self) -> Duration;
+
+    /// The rates a request of `tenant` meets now, for the `x-ratelimit-*` headers (see
+    /// [`Admission::rate_status`]).
+    fn rate_status(&self, tenant: Option<TenantId>) -> RateLimitStatus;
+
+    /// Called once a request is granted, before the inner service gets it: puts what the inner service
+    /// must know about the grant (the server it was granted on, say) into the request's extensions. The
+    /// default does nothing.
+    fn on_grant(&self, permit: &Self::Permit, extensions: &mut ::http::Extensions) {
+        let _ = (permit, extensions);
+    }
+}
+
+impl<C: Clock> AdmissionControl for Admission<C> {
+    type Permit = Permit;
+    type TryAdmit = std::future::Ready<Result<Permit, Rejection>>;
+    type Admit = Admit;
+
+    #[inline]
+    fn try_admit(&self, request: &Request) -> Self::TryAdmit {
+        std::future::ready(Admission::try_admit(self, request))
+    }
+
+    fn admit(&self, request: &Request) -> Self::Admit {
+        Admission::admit(self, request)
+    }
+
+    fn capacity_retry_after(&self) -> Duration {
+        Admission::capacity_retry_after(self)
+    }
+
+    fn rate_status(&self, tenant: Option<TenantId>) -> RateLimitStatus {
+        Admission::rate_status(self, tenant)
+    }
+}
 
 /// Turns an HTTP request into the [`Request`] to admit and the HTTP request the inner service gets —
 /// or into a refusal. Made by [`AdmissionLayer::new`] (a function of the request by reference) and
@@ -155,8 +264,8 @@ struct Settings {
     rate_limit_headers: bool,
 }
 
-/// Applies [`AdmissionService`]: admits each HTTP request through an [`Admission`] before the inner
-/// service sees it. See the [module docs](self).
+/// Applies [`AdmissionService`]: admits each HTTP request through an [`Admission`] (or any
+/// [`AdmissionControl`], `A`) before the inner service sees it. See the [module docs](self).
 ///
 /// `M` maps an `http::Request<ReqBody>` to the [`Request`] to admit, or to a response that refuses it
 /// (any error that converts into a [`Refusal`] — an `http::Response<Bytes>`, for example from
@@ -197,23 +306,23 @@ struct Settings {
 /// drop(response);
 /// assert_eq!(admission.snapshot().in_flight, 0);
 /// ```
-pub struct AdmissionLayer<M, C: Clock = MonotonicClock, K = Uncounted> {
-    admission: Admission<C>,
+pub struct AdmissionLayer<M, A = Admission, K = Uncounted> {
+    admission: A,
     map: Arc<M>,
     settings: Settings,
     counter: K,
 }
 
-impl<F, C: Clock> AdmissionLayer<MapRef<F>, C> {
+impl<F, A: AdmissionControl> AdmissionLayer<MapRef<F>, A> {
     /// A layer admitting through `admission`, with `to_request` turning each HTTP request (by reference)
     /// into the [`Request`] to admit or into a refusal. Requests wait as the admission is configured
     /// ([`Admission::admit`]), bodies report no output count, rejections keep their own status.
-    pub fn new(admission: Admission<C>, to_request: F) -> Self {
+    pub fn new(admission: A, to_request: F) -> Self {
         Self::with_map(admission, MapRef(to_request))
     }
 }
 
-impl<F, C: Clock> AdmissionLayer<MapAsync<F>, C> {
+impl<F, A: AdmissionControl> AdmissionLayer<MapAsync<F>, A> {
     /// A layer admitting through `admission`, with an `async` function that owns each HTTP request, may
     /// read its body, and returns the [`Request`] to admit with the HTTP request to pass on (its body
     /// replaced as it likes) — or a refusal. Nothing is reserved until it returns.
@@ -247,20 +356,20 @@ impl<F, C: Clock> AdmissionLayer<MapAsync<F>, C> {
     /// assert_eq!(response.status(), 200);
     /// assert_eq!(admission.snapshot().kv_used, 100 + 256);
     /// ```
-    pub fn new_async(admission: Admission<C>, read: F) -> Self {
+    pub fn new_async(admission: A, read: F) -> Self {
         Self::with_map(admission, MapAsync(read))
     }
 }
 
-impl<M, C: Clock> AdmissionLayer<M, C> {
+impl<M, A: AdmissionControl> AdmissionLayer<M, A> {
     /// A layer with any [`MapRequest`].
-    pub fn with_map(admission: Admission<C>, map: M) -> Self {
+    pub fn with_map(admission: A, map: M) -> Self {
         let settings = Settings { wait: true, all_as_429: false, rate_limit_headers: true };
         Self { admission, map: Arc::new(map), settings, counter: Uncounted }
     }
 }
 
-impl<M, C: Clock, K> AdmissionLayer<M, C, K> {
+impl<M, A, K> AdmissionLayer<M, A, K> {
     /// `true` (the default): wait in the admission's queue ([`Admission::admit`]); `false`: never wait,
     /// answer at once ([`Admission::try_admit`]).
     #[must_use]
@@ -289,13 +398,13 @@ impl<M, C: Clock, K> AdmissionLayer<M, C, K> {
     /// Counts output tokens in each response data frame with `counter` (cloned for every request): an
     /// [`OutputCounter`] such as `kvgate::openai::OutputTokens`, or a function of each frame.
     #[must_use]
-    pub fn count_with<K2: Clone>(self, counter: K2) -> AdmissionLayer<M, C, K2> {
+    pub fn count_with<K2: Clone>(self, counter: K2) -> AdmissionLayer<M, A, K2> {
         let AdmissionLayer { admission, map, settings, counter: _ } = self;
         AdmissionLayer { admission, map, settings, counter }
     }
 }
 
-impl<M, C: Clock, K: Clone> Clone for AdmissionLayer<M, C, K> {
+impl<M, A: Clone, K: Clone> Clone for AdmissionLayer<M, A, K> {
     fn clone(&self) -> Self {
         Self {
             admission: self.admission.clone(),
@@ -306,7 +415,7 @@ impl<M, C: Clock, K: Clone> Clone for AdmissionLayer<M, C, K> {
     }
 }
 
-impl<M, C: Clock, K> fmt::Debug for AdmissionLayer<M, C, K> {
+impl<M, A: fmt::Debug, K> fmt::Debug for AdmissionLayer<M, A, K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("AdmissionLayer")
             .field("admission", &self.admission)
@@ -317,8 +426,8 @@ impl<M, C: Clock, K> fmt::Debug for AdmissionLayer<M, C, K> {
     }
 }
 
-impl<S, M, C: Clock, K: Clone> Layer<S> for AdmissionLayer<M, C, K> {
-    type Service = AdmissionService<S, M, C, K>;
+impl<S, M, A: Clone, K: Clone> Layer<S> for AdmissionLayer<M, A, K> {
+    type Service = AdmissionService<S, M, A, K>;
 
     fn layer(&self, inner: S) -> Self::Service {
         AdmissionService {
@@ -342,27 +451,27 @@ impl<S, M, C: Clock, K: Clone> Layer<S> for AdmissionLayer<M, C, K> {
 /// Dropping the response future while the mapping runs drops the request; while it waits in the queue
 /// gives the place up (see [`Admit`]); while the inner service runs, or an inner error or panic, drops
 /// the permit, returning the capacity. Nothing is ever reserved by `poll_ready`.
-pub struct AdmissionService<S, M, C: Clock = MonotonicClock, K = Uncounted> {
+pub struct AdmissionService<S, M, A = Admission, K = Uncounted> {
     inner: S,
-    admission: Admission<C>,
+    admission: A,
     map: Arc<M>,
     settings: Settings,
     counter: K,
 }
 
-impl<S, M, C: Clock, K> AdmissionService<S, M, C, K> {
+impl<S, M, A, K> AdmissionService<S, M, A, K> {
     /// The inner service.
     pub fn get_ref(&self) -> &S {
         &self.inner
     }
 
     /// The admission requests go through.
-    pub fn admission(&self) -> &Admission<C> {
+    pub fn admission(&self) -> &A {
         &self.admission
     }
 }
 
-impl<S: Clone, M, C: Clock, K: Clone> Clone for AdmissionService<S, M, C, K> {
+impl<S: Clone, M, A: Clone, K: Clone> Clone for AdmissionService<S, M, A, K> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
@@ -374,7 +483,7 @@ impl<S: Clone, M, C: Clock, K: Clone> Clone for AdmissionService<S, M, C, K> {
     }
 }
 
-impl<S: fmt::Debug, M, C: Clock, K> fmt::Debug for AdmissionService<S, M, C, K> {
+impl<S: fmt::Debug, M, A: fmt::Debug, K> fmt::Debug for AdmissionService<S, M, A, K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("AdmissionService")
             .field("inner", &self.inner)
@@ -385,18 +494,18 @@ impl<S: fmt::Debug, M, C: Clock, K> fmt::Debug for AdmissionService<S, M, C, K> 
     }
 }
 
-impl<S, M, C, K, ReqBody, ResBody> Service<::http::Request<ReqBody>> for AdmissionService<S, M, C, K>
+impl<S, M, A, K, ReqBody, ResBody> Service<::http::Request<ReqBody>> for AdmissionService<S, M, A, K>
 where
     M: MapRequest<ReqBody>,
     S: Service<::http::Request<M::Body>, Response = ::http::Response<ResBody>> + Clone,
-    C: Clock,
+    A: AdmissionControl + Clone,
     K: OutputCounter<ResBody::Data> + Clone,
     ResBody: Body,
     ResBody::Data: From<Bytes>,
 {
-    type Response = ::http::Response<AdmissionBody<ResBody, K>>;
+    type Response = ::http::Response<AdmissionBody<ResBody, K, A::Permit>>;
     type Error = S::Error;
-    type Future = ResponseFuture<S, M, ReqBody, C, K>;
+    type Future = ResponseFuture<S, M, ReqBody, A, K>;
 
     /// Delegates to the inner service and reserves nothing (see the [module docs](self)).
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
@@ -455,16 +564,19 @@ impl From<Box<::http::Response<Bytes>>> for Refusal {
     }
 }
 
-enum Admitting {
-    Wait(Box<Admit>),
-    Try(Request),
+/// The admission's future: a wait (boxed: it may be large, and it is not the fast path) or a try.
+#[pin_project(project = AdmittingProj)]
+enum Admitting<W, T> {
+    Wait(Pin<Box<W>>),
+    Try(#[pin] T),
 }
 
 #[pin_project(project = StateProj)]
-enum State<S, M, ReqBody>
+enum State<S, M, ReqBody, A>
 where
     M: MapRequest<ReqBody>,
     S: Service<::http::Request<M::Body>>,
+    A: AdmissionControl,
 {
     /// The mapping function runs.
     Mapping {
@@ -475,12 +587,17 @@ where
     /// Answer without calling the inner service (a refusal or a rejection).
     Answer { response: Option<::http::Response<Bytes>> },
     /// Waiting for (or trying) admission.
-    Admitting { admitting: Admitting, service: Option<S>, request: Option<::http::Request<M::Body>> },
+    Admitting {
+        #[pin]
+        admitting: Admitting<A::Admit, A::TryAdmit>,
+        service: Option<S>,
+        request: Option<::http::Request<M::Body>>,
+    },
     /// Admitted; the inner service runs.
     Calling {
         #[pin]
         future: S::Future,
-        permit: Option<Permit>,
+        permit: Option<A::Permit>,
     },
 }
 
@@ -493,15 +610,15 @@ where
 /// inner service runs, drops the permit. Nothing is leaked.
 #[pin_project]
 #[must_use = "futures do nothing unless polled"]
-pub struct ResponseFuture<S, M, ReqBody, C, K>
+pub struct ResponseFuture<S, M, ReqBody, A, K>
 where
     M: MapRequest<ReqBody>,
     S: Service<::http::Request<M::Body>>,
-    C: Clock,
+    A: AdmissionControl,
 {
     #[pin]
-    state: State<S, M, ReqBody>,
-    admission: Admission<C>,
+    state: State<S, M, ReqBody, A>,
+    admission: A,
     settings: Settings,
     counter: Option<K>,
     /// The mapped request's tenant, for the rate-limit headers (`None` before mapping or without one).
@@ -511,16 +628,16 @@ where
     rates: Option<crate::RateLimitStatus>,
 }
 
-impl<S, M, ReqBody, C, K, ResBody> Future for ResponseFuture<S, M, ReqBody, C, K>
+impl<S, M, ReqBody, A, K, ResBody> Future for ResponseFuture<S, M, ReqBody, A, K>
 where
     M: MapRequest<ReqBody>,
     S: Service<::http::Request<M::Body>, Response = ::http::Response<ResBody>>,
-    C: Clock,
+    A: AdmissionControl,
     K: OutputCounter<ResBody::Data>,
     ResBody: Body,
     ResBody::Data: From<Bytes>,
 {
-    type Output = Result<::http::Response<AdmissionBody<ResBody, K>>, S::Error>;
+    type Output = Result<::http::Response<AdmissionBody<ResBody, K, A::Permit>>, S::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         const DONE: &str = "`ResponseFuture` polled after it completed";
@@ -532,9 +649,9 @@ where
                         *this.tenant = Some(admit_request.tenant);
                         request.extensions_mut().insert(admit_request);
                         let admitting = if this.settings.wait {
-                            Admitting::Wait(Box::new(this.admission.admit(&admit_request)))
+                            Admitting::Wait(Box::pin(this.admission.admit(&admit_request)))
                         } else {
-                            Admitting::Try(admit_request)
+                            Admitting::Try(this.admission.try_admit(&admit_request))
                         };
                         State::Admitting { admitting, service: service.take(), request: Some(request) }
                     }
@@ -552,9 +669,9 @@ where
                     return Poll::Ready(Ok(response.map(AdmissionBody::full)));
                 }
                 StateProj::Admitting { admitting, service, request } => {
-                    let admitted = match admitting {
-                        Admitting::Wait(admit) => ready!(Pin::new(admit).poll(cx)),
-                        Admitting::Try(admit_request) => this.admission.try_admit(admit_request),
+                    let admitted = match admitting.project() {
+                        AdmittingProj::Wait(admit) => ready!(admit.as_mut().poll(cx)),
+                        AdmittingProj::Try(admit) => ready!(admit.poll(cx)),
                     };
                     if let (true, Some(tenant)) = (this.settings.rate_limit_headers, *this.tenant) {
                         *this.rates = Some(this.admission.rate_status(tenant));
@@ -562,14 +679,24 @@ where
                     match admitted {
                         Ok(permit) => {
                             let mut service = service.take().expect(DONE);
-                            let request = request.take().expect(DONE);
+                            let mut request = request.take().expect(DONE);
+                            this.admission.on_grant(&permit, request.extensions_mut());
                             // A panic in `call` unwinds through `permit`, which returns the capacity.
                             let future = service.call(request);
                             State::Calling { future, permit: Some(permit) }
                         }
-                        Err(rejection) => State::Answer {
-                            response: Some(rejection_response(&rejection, this.admission, this.settings.all_as_429)),
-                        },
+                        Err(rejection) => {
+                            // A timed-out wait carries no hint of its own: the admission's current estimate.
+                            let hint =
+                                matches!(rejection, Rejection::TimedOut).then(|| this.admission.capacity_retry_after());
+                            State::Answer {
+                                response: Some(rejection_response_with_hint(
+                                    &rejection,
+                                    hint,
+                                    this.settings.all_as_429,
+                                )),
+                            }
+                        }
                     }
                 }
                 StateProj::Calling { future, permit } => {
@@ -602,8 +729,8 @@ where
 
 /// Adds the `x-ratelimit-*` headers of a mapped request's rates (as read at admission, else now), if
 /// the layer adds them.
-fn add_rate_limit_headers<C: Clock>(
-    admission: &Admission<C>,
+fn add_rate_limit_headers<A: AdmissionControl>(
+    admission: &A,
     settings: &Settings,
     tenant: Option<Option<crate::TenantId>>,
     rates: Option<crate::RateLimitStatus>,
@@ -614,17 +741,17 @@ fn add_rate_limit_headers<C: Clock>(
     }
 }
 
-impl<S, M, ReqBody, C, K> fmt::Debug for ResponseFuture<S, M, ReqBody, C, K>
+impl<S, M, ReqBody, A, K> fmt::Debug for ResponseFuture<S, M, ReqBody, A, K>
 where
     M: MapRequest<ReqBody>,
     S: Service<::http::Request<M::Body>>,
-    C: Clock,
+    A: AdmissionControl,
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.state {
             State::Mapping { .. } => "mapping",
             State::Answer { .. } => "answer",
-            State::Admitting { admitting: Admitting::Wait(admit), .. } if admit.is_queued() => "queued",
+            State::Admitting { admitting: Admitting::Wait(_), .. } => "waiting",
             State::Admitting { .. } => "admitting",
             State::Calling { .. } => "calling",
         };
@@ -633,21 +760,21 @@ where
 }
 
 #[pin_project(project = KindProj)]
-enum Kind<B, K> {
-    Admitted(#[pin] PermitBody<B, K>),
+enum Kind<B, K, P: Complete> {
+    Admitted(#[pin] PermitBody<B, K, P>),
     Full(Option<Bytes>),
 }
 
 /// The response body of [`AdmissionService`]: the inner service's body holding the permit
 /// ([`PermitBody`]), or the body of a response the layer answered itself (a rejection or a refusal).
 #[pin_project]
-pub struct AdmissionBody<B, K = Uncounted> {
+pub struct AdmissionBody<B, K = Uncounted, P: Complete = Permit> {
     #[pin]
-    kind: Kind<B, K>,
+    kind: Kind<B, K, P>,
 }
 
-impl<B, K> AdmissionBody<B, K> {
-    fn admitted(body: PermitBody<B, K>) -> Self {
+impl<B, K, P: Complete> AdmissionBody<B, K, P> {
+    fn admitted(body: PermitBody<B, K, P>) -> Self {
         Self { kind: Kind::Admitted(body) }
     }
 
@@ -656,7 +783,7 @@ impl<B, K> AdmissionBody<B, K> {
     }
 
     /// The inner body with its permit, if the request was admitted.
-    pub fn permit_body(&self) -> Option<&PermitBody<B, K>> {
+    pub fn permit_body(&self) -> Option<&PermitBody<B, K, P>> {
         match &self.kind {
             Kind::Admitted(body) => Some(body),
             Kind::Full(_) => None,
@@ -669,11 +796,12 @@ impl<B, K> AdmissionBody<B, K> {
     }
 }
 
-impl<B, K> Body for AdmissionBody<B, K>
+impl<B, K, P> Body for AdmissionBody<B, K, P>
 where
     B: Body,
     B::Data: From<Bytes>,
     K: OutputCounter<B::Data>,
+    P: Complete,
 {
     type Data = B::Data;
     type Error = B::Error;
@@ -700,7 +828,7 @@ where
     }
 }
 
-impl<B, K> fmt::Debug for AdmissionBody<B, K> {
+impl<B, K, P: Complete + fmt::Debug> fmt::Debug for AdmissionBody<B, K, P> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.kind {
             Kind::Admitted(body) => f.debug_tuple("AdmissionBody::Admitted").field(body).finish(),

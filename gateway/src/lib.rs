@@ -1,5 +1,5 @@
-//! kvgate-gateway: an OpenAI-compatible admission gateway in front of one inference server (vLLM,
-//! llama.cpp's server, SGLang, Ollama, TGI), built on [`kvgate`].
+//! kvgate-gateway: an OpenAI-compatible admission gateway in front of one or several inference servers
+//! (vLLM, llama.cpp's server, SGLang, Ollama, TGI), built on [`kvgate`].
 //!
 //! The binary `kvgate-gateway` serves it; this library is what the binary, the demo
 //! (`examples/demo.rs`), the tests and the fuzz targets use. See `README.md` for its operation: flags, the
@@ -9,8 +9,19 @@
 //! |---|---|
 //! | [`config`] | [`Config`]: what a gateway is built from |
 //! | `settings` (feature `cli`) | flags (`clap`) and the TOML file that make a [`Config`] |
-//! | [`tenants`] | API keys → tenants, their priority and limits |
-//! | [`server`] | the routes, reading a request before admission, the handler behind it |
+//! | [`plan`] | what a `Config` makes: the front admission and one admission per upstream |
+//! | [`keys`] | API keys as SHA-256 digests, compared in constant time |
+//! | [`tenants`] | keys → tenants, their priority and limits; the priority header |
+//! | [`budget`] | tenants' daily and monthly token budgets, usage kept in a state file |
+//! | [`gate`] | the gateway's admission as the tower layer drives it: front admission, then an upstream |
+//! | [`dispatch`] | the line shared by the upstreams, and which upstream a request goes to |
+//! | [`upstream`] | one inference server: its engine, its admission, its health |
+//! | [`limiter`] | where one set of limits is kept: in process, or shared through Redis |
+//! | `shared` (feature `redis`) | `--redis`: the limits every replica shares |
+//! | [`health`] | health checks, engine feedback, usage saving |
+//! | [`trace`] | request ids, W3C trace context, the per-request log line |
+//! | `otel` (feature `otel`) | one span per request to an OpenTelemetry collector (OTLP/HTTP JSON) |
+//! | [`server`] | the routes, reading a request before admission, the handler behind it, reloads |
 //! | [`conn`] | connections: cap, header and send deadlines, graceful shutdown |
 //! | [`proxy`] | forwarding to an upstream and passing its answer on |
 //! | [`sim`] | the simulated engine |
@@ -32,20 +43,34 @@
 
 #![warn(missing_docs, missing_debug_implementations)]
 
+pub mod budget;
 pub mod config;
 pub mod conn;
+pub mod dispatch;
 pub mod error;
+pub mod gate;
+pub mod health;
+pub mod keys;
+pub mod limiter;
 pub mod metrics;
+#[cfg(feature = "otel")]
+pub mod otel;
+pub mod plan;
 pub mod proxy;
 pub mod server;
 #[cfg(feature = "cli")]
 pub mod settings;
+#[cfg(feature = "redis")]
+mod shared;
 pub mod sim;
 pub mod tenants;
+pub mod trace;
 pub mod units;
+pub mod upstream;
 
-pub use config::{BackendConfig, Config, ConfigError};
-pub use server::{Backend, Gateway, serve, serve_until};
+pub use config::{BackendConfig, Config, ConfigError, UpstreamConfig};
+pub use server::{Gateway, serve, serve_until};
 #[cfg(feature = "cli")]
 pub use settings::{FromArgsError, Settings};
 pub use sim::SimStats;
+pub use upstream::{Backend, Upstream};

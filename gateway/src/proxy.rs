@@ -42,8 +42,13 @@ type HttpClient = Client<HttpConnector, Full<Bytes>>;
 #[derive(Clone)]
 pub struct Proxy {
     client: HttpClient,
+    /// For health checks and the engine's `/metrics`: a connection each, never pooled, so that a probe
+    /// never shares a connection with requests.
+    probe: HttpClient,
     /// Base URL ending in `/v1`.
     base: String,
+    /// `http://host:port`, for the health path and the engine's `/metrics`.
+    origin: String,
     /// The base URL without credentials, for logs.
     shown: String,
     /// Longest wait for the response headers, and then between two body chunks.
@@ -98,15 +103,20 @@ impl Proxy {
             Ok(uri) if uri.scheme_str() == Some("http") && uri.host().is_some() => {}
             _ => return Err(format!("--upstream {}: not a valid http:// URL", redact(&base))),
         }
+        let origin = match base.parse::<http::Uri>() {
+            Ok(uri) => format!("http://{}", uri.authority().map_or("", |a| a.as_str())),
+            Err(_) => unreachable!("checked above"),
+        };
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(timeout.min(Duration::from_secs(5))));
         connector.set_nodelay(true);
-        let client = Client::builder(TokioExecutor::new()).build(connector);
+        let client = Client::builder(TokioExecutor::new()).build(connector.clone());
+        let probe = Client::builder(TokioExecutor::new()).pool_max_idle_per_host(0).build(connector);
         let api_key = api_key
             .map(|key| http::HeaderValue::from_str(&format!("Bearer {key}")))
             .transpose()
             .map_err(|_| "--upstream-api-key: not a valid header value".to_owned())?;
-        Ok(Self { client, shown: redact(&base), base, timeout, api_key })
+        Ok(Self { client, probe, shown: redact(&base), base, origin, timeout, api_key })
     }
 
     /// The base URL without credentials (ending in `/v1`).
@@ -116,17 +126,65 @@ impl Proxy {
 
     /// Forwards a completion request's body (every generation limit already set to the reservation).
     /// `client_auth` is the client's `Authorization`, passed on only without an `--upstream-api-key`.
+    /// `headers` go along (the request id and trace context).
     pub async fn complete(
         &self,
         path: &str,
         body: bytes::Bytes,
         client_auth: Option<&http::HeaderValue>,
+        headers: &[(&'static str, String)],
     ) -> http::Response<Body> {
-        let request = self
-            .request(http::Method::POST, path, client_auth)
-            .header(http::header::CONTENT_TYPE, "application/json")
-            .body(Full::new(body));
-        self.pass_through(request).await
+        let mut request =
+            self.request(http::Method::POST, path, client_auth).header(http::header::CONTENT_TYPE, "application/json");
+        for (name, value) in headers {
+            request = request.header(*name, value.as_str());
+        }
+        self.pass_through(request.body(Full::new(body))).await
+    }
+
+    /// Whether the server answers its health path (`path` on its origin; `None`: `/models` under the
+    /// base URL) with a 2xx within `timeout`.
+    pub async fn healthy(&self, path: Option<&str>, timeout: Duration) -> bool {
+        let uri = match path {
+            Some(path) => format!("{}{path}", self.origin),
+            None => format!("{}/models", self.base),
+        };
+        let mut request = http::Request::builder().method(http::Method::GET).uri(uri);
+        if let Some(key) = &self.api_key {
+            request = request.header(http::header::AUTHORIZATION, key);
+        }
+        let Ok(request) = request.body(Full::default()) else { return false };
+        let answer = async {
+            let response = self.probe.request(request).await.ok()?;
+            let ok = response.status().is_success();
+            // Read the (small) body so that the connection goes back to the pool.
+            let _ = http_body_util::BodyExt::collect(http_body_util::Limited::new(response.into_body(), 1 << 20)).await;
+            Some(ok)
+        };
+        matches!(tokio::time::timeout(timeout, answer).await, Ok(Some(true)))
+    }
+
+    /// The engine's Prometheus text (`GET /metrics` on its origin), at most 4 MiB, within `timeout`.
+    ///
+    /// # Errors
+    ///
+    /// A message (without the server's address) when it does not answer 200 in time.
+    pub async fn engine_metrics(&self, timeout: Duration) -> Result<String, String> {
+        let request = http::Request::builder()
+            .uri(format!("{}/metrics", self.origin))
+            .body(Full::default())
+            .map_err(|e| e.to_string())?;
+        let answer = async {
+            let response = self.probe.request(request).await.map_err(|e| ErrorChain(&e).to_string())?;
+            if !response.status().is_success() {
+                return Err(format!("/metrics answered {}", response.status()));
+            }
+            let body = http_body_util::BodyExt::collect(http_body_util::Limited::new(response.into_body(), 4 << 20))
+                .await
+                .map_err(|e| e.to_string())?;
+            String::from_utf8(body.to_bytes().to_vec()).map_err(|_| "/metrics is not UTF-8".to_owned())
+        };
+        tokio::time::timeout(timeout, answer).await.map_err(|_| format!("/metrics took over {timeout:?}"))?
     }
 
     /// `GET /v1/models` upstream.

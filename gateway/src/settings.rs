@@ -1,12 +1,12 @@
-//! The gateway's settings: command-line flags (`clap`), an optional TOML file (`--config`) with the same
-//! settings and the tenants, and the [`Config`] they make. A flag overrides the file, the file overrides
-//! the default.
+//! The gateway's settings: command-line flags (`clap`), an optional TOML file (`--config-file`) with the
+//! same settings, the tenants and the upstreams, and the [`Config`] they make. A flag overrides the
+//! file, the file overrides the default.
 //!
 //! Every value is checked when the configuration is built: a duration that does not fit
 //! (`--max-queue-wait 1e300s`), a zero limit or an unknown preset is a [`ConfigError`] that names the
 //! setting, never a panic.
 
-use crate::config::{BackendConfig, Config, ConfigError};
+use crate::config::{BackendConfig, Config, ConfigError, UpstreamConfig};
 use crate::tenants::{TenantConfig, TenantLimitsConfig};
 use crate::units::parse_duration;
 use clap::Parser;
@@ -25,24 +25,34 @@ const MAX_DURATION: Duration = Duration::from_secs(24 * 60 * 60);
 #[command(
     name = "kvgate-gateway",
     version,
-    about = "An OpenAI-compatible admission gateway in front of one inference server",
+    about = "An OpenAI-compatible admission gateway in front of one or several inference servers",
     after_help = "Durations: 500ms, 2s, 1.5s, 1m (a bare number is milliseconds), at most 1 day.\n\
                   See gateway/README.md for the config file, the metrics and real servers."
 )]
 #[serde(default, deny_unknown_fields)]
 pub struct Settings {
-    /// A TOML file with any of these settings (without the dashes: max_in_flight = 32) and the tenants.
-    #[arg(long, value_name = "FILE")]
+    /// A TOML file with any of these settings (without the dashes: max_in_flight = 32), the tenants and
+    /// the upstreams; SIGHUP reloads it.
+    #[arg(long = "config-file", visible_alias = "config", value_name = "FILE")]
     #[serde(skip)]
     pub config: Option<PathBuf>,
+    /// Reads an API key from standard input, prints its `sha256:` form for the config file, and exits.
+    #[arg(long)]
+    #[serde(skip)]
+    pub hash_key: bool,
     /// Address to listen on [default: 127.0.0.1:8080].
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<SocketAddr>,
     /// Proxy to an OpenAI-compatible server over plain http (http://localhost:8000 for vLLM,
     /// http://localhost:8080 for llama-server, http://localhost:11434/v1 for Ollama); without it a
-    /// simulated engine answers.
+    /// simulated engine answers. Several servers: `[[upstream]]` in the config file.
     #[arg(long, value_name = "URL")]
+    #[serde(skip)]
     pub upstream: Option<String>,
+    /// `upstream = "http://..."` or `[[upstream]]` tables (file only).
+    #[arg(skip)]
+    #[serde(rename = "upstream")]
+    pub upstream_file: Option<UpstreamSetting>,
     /// API key sent to the upstream as a bearer token.
     #[arg(long, value_name = "KEY", env = "KVGATE_UPSTREAM_API_KEY", hide_env_values = true)]
     pub upstream_api_key: Option<String>,
@@ -123,6 +133,47 @@ pub struct Settings {
     /// Answer every retryable rejection with 429 (for clients that retry only on 429).
     #[arg(long)]
     pub all_429: bool,
+    /// Admin endpoint (POST /admin/reload, GET /admin/usage), on a loopback address only.
+    #[arg(long, value_name = "ADDR")]
+    pub admin_listen: Option<SocketAddr>,
+    /// Serve /metrics on this address instead of the main one (a port clients cannot reach).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<SocketAddr>,
+    /// Without API keys: the header that names a request's tenant (x-tenant, say).
+    #[arg(long, value_name = "NAME")]
+    pub tenant_header: Option<String>,
+    /// Without API keys: the OpenAI `user` field names a request's tenant.
+    #[arg(long)]
+    pub tenant_from_user: bool,
+    /// Charge a shared system prompt once while requests holding it run (as engines with prefix
+    /// caching store it); tracks at most N prefixes.
+    #[arg(long, value_name = "N")]
+    pub prefix_sharing: Option<usize>,
+    /// Keep usage (budgets) in this file across restarts.
+    #[arg(long, value_name = "FILE")]
+    pub state_file: Option<PathBuf>,
+    /// One JSON line per request to this file (`-`: standard error) [binary's default: -].
+    #[arg(long, value_name = "FILE")]
+    pub request_log: Option<PathBuf>,
+    /// Send one span per request to this OpenTelemetry collector (OTLP/HTTP, e.g. http://collector:4318);
+    /// needs the `otel` feature.
+    #[arg(long, value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
+    /// How often upstreams are health-checked [default: 5s].
+    #[arg(long, value_name = "DURATION")]
+    pub health_interval: Option<String>,
+    /// 5xx or missing answers in a row that take an upstream out until a health check passes [default: 3].
+    #[arg(long, value_name = "N")]
+    pub max_fails: Option<u32>,
+    /// Read each upstream engine's /metrics (vLLM, SGLang) this often and correct its KV budget with it.
+    #[arg(long, value_name = "DURATION")]
+    pub engine_feedback: Option<String>,
+    /// Share limits (rates, each upstream's capacity) with every replica through this Redis.
+    #[arg(long, value_name = "URL", env = "KVGATE_REDIS_URL", hide_env_values = true)]
+    pub redis: Option<String>,
+    /// The name shared limits are kept under in Redis [default: kvgate].
+    #[arg(long, value_name = "NAME")]
+    pub redis_prefix: Option<String>,
     /// Limits of every tenant without its own (file only: `[tenant_defaults]`).
     #[arg(skip)]
     pub tenant_defaults: Option<TenantLimitsConfig>,
@@ -140,17 +191,47 @@ impl Settings {
     pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
         let file_error = |reason: String| ConfigError::File { path: path.to_owned(), reason };
         let text = std::fs::read_to_string(path).map_err(|e| file_error(e.to_string()))?;
-        toml::from_str(&text).map_err(|e| file_error(e.to_string()))
+        Self::from_toml(&text).map_err(file_error)
+    }
+
+    /// Reads the settings of a config file's text.
+    ///
+    /// # Errors
+    ///
+    /// The TOML parser's message (with the line and column) for text that is not valid TOML with known
+    /// keys of the right types.
+    pub fn from_toml(text: &str) -> Result<Self, String> {
+        toml::from_str(text).map_err(|e| e.to_string())
     }
 
     /// These settings, each missing one taken from `file`.
     pub fn or(self, file: Settings) -> Settings {
         macro_rules! merge {
-            ($($field:ident),*) => { Settings { $($field: self.$field.or(file.$field),)* config: self.config, all_429: self.all_429 || file.all_429, tenants: if self.tenants.is_empty() { file.tenants } else { self.tenants } } };
+            ($($field:ident),*) => { Settings {
+                $($field: self.$field.or(file.$field),)*
+                config: self.config,
+                hash_key: self.hash_key,
+                all_429: self.all_429 || file.all_429,
+                tenant_from_user: self.tenant_from_user || file.tenant_from_user,
+                tenants: if self.tenants.is_empty() { file.tenants } else { self.tenants },
+            } };
         }
         merge!(
             listen,
             upstream,
+            upstream_file,
+            admin_listen,
+            metrics_listen,
+            tenant_header,
+            prefix_sharing,
+            state_file,
+            request_log,
+            otlp_endpoint,
+            health_interval,
+            max_fails,
+            engine_feedback,
+            redis,
+            redis_prefix,
             upstream_api_key,
             upstream_timeout,
             sim_tokens_per_sec,
@@ -211,14 +292,28 @@ impl Settings {
         if let Some(listen) = self.listen {
             config.listen = listen;
         }
-        if let Some(url) = self.upstream {
-            if !url.starts_with("http://") {
-                return Err(invalid(
-                    "--upstream",
-                    &crate::proxy::redact(&url),
-                    "expected a plain http:// URL (no TLS)",
-                ));
+        let check_url = |url: &str| {
+            if url.starts_with("http://") {
+                Ok(())
+            } else {
+                Err(invalid("--upstream", &crate::proxy::redact(url), "expected a plain http:// URL (no TLS)"))
             }
+        };
+        let url = match (self.upstream, self.upstream_file) {
+            (Some(url), _) | (None, Some(UpstreamSetting::Url(url))) => Some(url),
+            (None, Some(UpstreamSetting::List(list))) => {
+                for upstream in &list {
+                    if let Some(url) = &upstream.url {
+                        check_url(url)?;
+                    }
+                }
+                config.upstreams = list;
+                None
+            }
+            (None, None) => None,
+        };
+        if let Some(url) = url {
+            check_url(&url)?;
             config.backend = BackendConfig::Upstream(url);
         } else if let Some(rate) = self.sim_tokens_per_sec {
             config.backend = BackendConfig::Simulated { tokens_per_sec: positive("--sim-tokens-per-sec", rate)? };
@@ -290,6 +385,47 @@ impl Settings {
         config.all_429 = self.all_429;
         config.tenant_defaults = self.tenant_defaults;
         config.tenants = self.tenants;
+        if let Some(addr) = self.admin_listen {
+            if !addr.ip().is_loopback() {
+                let reason = "the admin endpoint listens on a loopback address only (127.0.0.1 or [::1])";
+                return Err(invalid("--admin-listen", &addr, reason));
+            }
+            config.admin_listen = Some(addr);
+        }
+        config.metrics_listen = self.metrics_listen;
+        if let Some(header) = self.tenant_header {
+            if http::HeaderName::from_bytes(header.as_bytes()).is_err() {
+                return Err(invalid("--tenant-header", &header, "not a valid header name"));
+            }
+            config.tenant_header = Some(header.to_ascii_lowercase());
+        }
+        config.tenant_from_user = self.tenant_from_user;
+        if let Some(n) = self.prefix_sharing {
+            if n == 0 {
+                return Err(invalid("--prefix-sharing", &n, "must be at least 1"));
+            }
+            config.prefix_sharing = Some(n);
+        }
+        config.state_file = self.state_file;
+        config.request_log = self.request_log;
+        config.otlp_endpoint = self.otlp_endpoint;
+        config.health_interval = duration("--health-interval", self.health_interval, config.health_interval, false)?;
+        if let Some(n) = self.max_fails {
+            if n == 0 {
+                return Err(invalid("--max-fails", &n, "must be at least 1"));
+            }
+            config.max_fails = n;
+        }
+        if let Some(every) = self.engine_feedback {
+            config.engine_feedback = Some(duration("--engine-feedback", Some(every), Duration::ZERO, false)?);
+        }
+        config.redis = self.redis;
+        if let Some(prefix) = self.redis_prefix {
+            if prefix.is_empty() || prefix.contains(['{', '}']) {
+                return Err(invalid("--redis-prefix", &prefix, "use a non-empty name without braces"));
+            }
+            config.redis_prefix = prefix;
+        }
         Ok(config)
     }
 }
@@ -308,6 +444,15 @@ impl Config {
         T: Into<std::ffi::OsString> + Clone,
     {
         let flags = Settings::try_parse_from(args).map_err(FromArgsError::Flags)?;
+        Self::from_settings(flags)
+    }
+
+    /// The configuration of parsed flags and the file they name (read now: a reload calls this again).
+    ///
+    /// # Errors
+    ///
+    /// As [`from_args`](Config::from_args).
+    pub fn from_settings(flags: Settings) -> Result<Self, FromArgsError> {
         let settings = match &flags.config {
             Some(path) => {
                 let file = Settings::from_file(path).map_err(FromArgsError::Config)?;
@@ -317,6 +462,16 @@ impl Config {
         };
         settings.into_config().map_err(FromArgsError::Config)
     }
+}
+
+/// `upstream` in the config file: one URL, or `[[upstream]]` tables.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(untagged)]
+pub enum UpstreamSetting {
+    /// `upstream = "http://localhost:8000"`.
+    Url(String),
+    /// `[[upstream]]` tables: several servers, each with its own limits.
+    List(Vec<UpstreamConfig>),
 }
 
 /// Why [`Config::from_args`] gave no configuration.
@@ -375,10 +530,19 @@ mod tests {
             "--max-body-bytes 0",
             "--max-buffered-bytes 10",
             "--default-max-tokens 0",
+            "--admin-listen 0.0.0.0:9090",
+            "--prefix-sharing 0",
+            "--max-fails 0",
+            "--health-interval 0",
+            "--engine-feedback 2d",
+            "--tenant-header a:b",
+            "--redis-prefix a{b}",
         ] {
             let err = parse(flags).expect_err(flags);
             assert!(!err.to_string().is_empty(), "{flags}");
         }
+        let err = parse("--admin-listen 10.0.0.1:9090").unwrap_err().to_string();
+        assert!(err.contains("loopback"), "{err}");
         let err = parse("--max-queue-wait 1e300s").unwrap_err().to_string();
         assert!(err.contains("--max-queue-wait") && err.contains("1 day"), "{err}");
         assert!(
@@ -408,6 +572,14 @@ keys = ["sk-alice"]
 priority = "interactive"
 request_rate = 1.0
 request_burst = 3
+
+[[upstream]]
+name = "a"
+url = "http://127.0.0.1:8000"
+kv_tokens = 1000
+
+[[upstream]]
+name = "b"
 "#,
         )
         .unwrap();
@@ -417,6 +589,11 @@ request_burst = 3
         assert_eq!(config.rate, Some((5.0, 5)));
         assert_eq!(config.tenants[0].name, "alice");
         assert_eq!(config.tenant_defaults.as_ref().unwrap().max_in_flight, Some(2));
+        assert_eq!(config.upstreams.len(), 2);
+        assert_eq!((config.upstreams[0].kv_tokens, config.upstreams[1].url.as_deref()), (Some(1000), None));
+        std::fs::write(&path, "upstream = \"http://127.0.0.1:9\"\n").unwrap();
+        let one = parse(&format!("--config-file {}", path.display())).unwrap();
+        assert_eq!(one.backend, BackendConfig::Upstream("http://127.0.0.1:9".into()));
         std::fs::write(&path, "max_in_flite = 4\n").unwrap();
         let err = parse(&format!("--config {}", path.display())).unwrap_err().to_string();
         assert!(err.contains("max_in_flite"), "{err}");

@@ -1,7 +1,8 @@
 //! The gateway against hostile or careless clients and upstreams, over real sockets on loopback: a
 //! client that stops reading, slow headers and bodies, too many connections, queued bodies filling
 //! memory, bodies that ask an engine for more than was reserved or hide prompt text in tools, upstream
-//! addresses in error bodies, an upstream's own busy answers, methods other than POST, and shutdown.
+//! addresses in error bodies, an upstream's own busy answers, methods other than POST, oversized headers,
+//! and shutdown.
 //!
 //! Every wait is a bounded loop (`eventually`) or a read with a generous cap; no assertion is about
 //! how long something took.
@@ -409,8 +410,8 @@ async fn other_methods_get_405_before_admission() {
     drop(running);
 }
 
-/// Defect: shutdown never closed the admission. Now waiting requests get 503 `closed`, `/healthz` says
-/// `closing` while running answers finish, and the server stops once they have.
+/// Defect: shutdown never closed the admission. Now it stops accepting connections, waiting requests get
+/// 503 `closed` with `Retry-After`, running answers finish, and the server stops once they have.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_closes_the_admission_and_drains() {
     let mut config = sim(1, 10_000);
@@ -437,12 +438,14 @@ async fn shutdown_closes_the_admission_and_drains() {
     stop.send(()).unwrap();
     let refused = tokio::time::timeout(CAP, waiting).await.unwrap().unwrap().unwrap();
     assert_eq!(refused.status(), 503);
+    assert!(refused.headers().contains_key("retry-after"), "a waiting request is told when to come back");
     let error: Value = refused.json().await.unwrap();
     assert_eq!(error["error"]["code"], "closed");
-    let health = client().get(format!("http://{addr}/healthz")).send().await.unwrap();
-    assert_eq!(health.status(), 503);
-    assert_eq!(health.json::<Value>().await.unwrap()["status"], "closing");
+    assert!(gateway.is_closing());
+    // No new connection is accepted while the running answer finishes.
+    assert!(eventually(|| std::net::TcpStream::connect(addr).is_err()).await, "still accepting after shutdown");
     assert!(!server.is_finished(), "the running answer is still streaming");
+    assert!(running.next().await.unwrap().is_ok(), "the running stream goes on after shutdown started");
     drop(running); // the last answer ends
     tokio::time::timeout(CAP, server).await.expect("the server stopped after draining").unwrap().unwrap();
 }
@@ -458,4 +461,35 @@ async fn a_huge_max_tokens_is_refused_without_a_kv_budget() {
     assert_eq!(response.status(), 413);
     assert_eq!(response.json::<Value>().await.unwrap()["error"]["code"], "max_tokens_too_large");
     assert_eq!(gateway.admission().snapshot().admitted, 0);
+}
+
+/// Headers are bounded: more than 100 header fields get a 431, and a head past hyper's buffer (about
+/// 400 KiB) is refused without being held; neither reaches admission, and the gateway serves on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn too_many_or_too_large_headers_are_refused_before_admission() {
+    let gateway = Gateway::new(sim(4, 10_000)).unwrap();
+    let addr = start(&gateway).await;
+    let body = chat("hi", 2, false).to_string();
+    let head = |extra: &str| {
+        format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+             content-length: {}\r\n{extra}\r\n{body}",
+            body.len()
+        )
+    };
+    let many: String = (0..200).map(|i| format!("x-filler-{i}: {i}\r\n")).collect();
+    let mut conn = TcpStream::connect(addr).await.unwrap();
+    conn.write_all(head(&many).as_bytes()).await.unwrap();
+    let answer = String::from_utf8_lossy(&read_to_close(&mut conn).await).into_owned();
+    assert!(answer.starts_with("HTTP/1.1 431"), "{answer:?}");
+
+    let huge = format!("x-filler: {}\r\n", "a".repeat(500 << 10));
+    let mut conn = TcpStream::connect(addr).await.unwrap();
+    let _ = conn.write_all(head(&huge).as_bytes()).await; // the gateway may close before it is all sent
+    let answer = String::from_utf8_lossy(&read_to_close(&mut conn).await).into_owned();
+    assert!(answer.is_empty() || answer.starts_with("HTTP/1.1 431"), "{answer:?}");
+
+    assert_eq!(gateway.admission().snapshot().admitted, 0, "nothing reached admission");
+    let served = client().post(format!("http://{addr}/v1/chat/completions")).json(&chat("hi", 2, false)).send().await;
+    assert_eq!(served.unwrap().status(), 200);
 }

@@ -85,8 +85,13 @@ async fn metrics_models_health_tenants_and_rate_headers() {
         "kvgate_gateway_requests_invalid_total{code=\"unreadable_body\"} 1",
         "kvgate_gateway_responses_total{status=\"200\",tenant=\"alice\"} 1",
         "kvgate_gateway_responses_total{status=\"401\",tenant=\"none\"} 2",
-        "kvgate_sim_peak_requests_running 1",
-        "kvgate_sim_overflows_total 0",
+        "kvgate_sim_peak_requests_running{upstream=\"sim\"} 1",
+        "kvgate_sim_overflows_total{upstream=\"sim\"} 0",
+        "kvgate_gateway_upstream_in_service{upstream=\"sim\"} 1",
+        "kvgate_gateway_upstream_kv_cache_capacity{upstream=\"sim\"} 5000",
+        "kvgate_gateway_upstream_requests_running{upstream=\"sim\"} 0",
+        "kvgate_gateway_requests_waiting_for_upstream 0",
+        "kvgate_gateway_tenant_tokens_used{tenant=\"alice\",period=\"day\"}",
         "kvgate_gateway_buffered_bytes 0",
     ] {
         assert!(text.contains(sample), "/metrics lacks {sample}:\n{text}");

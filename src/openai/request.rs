@@ -53,6 +53,9 @@ impl Endpoint {
 /// forwarded body has each one that is present, and `max_tokens` always, set to the reservation.
 pub const GENERATION_LIMITS: [&str; 4] = ["max_completion_tokens", "max_tokens", "n_predict", "max_new_tokens"];
 
+/// The longest `user` field kept.
+const MAX_USER: usize = 256;
+
 /// The default output reservation of a request without a generation limit.
 pub const DEFAULT_MAX_TOKENS: u32 = 512;
 
@@ -170,15 +173,17 @@ impl Parser {
             Some(_) => return Err(ParseError::InvalidType { field: "model", expected: "a string" }),
         };
         let stream = optional_bool(&json, "stream")?.unwrap_or(false);
+        // OpenAI's end-user id; a gateway may name tenants by it. Kept only when short.
+        let user = json.get("user").and_then(Value::as_str).filter(|u| u.len() <= MAX_USER).map(str::to_owned);
         let include_usage = match json.get("stream_options") {
             Some(Value::Object(options)) => options.get("include_usage").and_then(Value::as_bool).unwrap_or(false),
             _ => false,
         };
         one_sequence(&json)?;
         let estimator = self.estimator.as_ref();
-        let prompt_tokens = match endpoint {
+        let (prompt_tokens, prefix) = match endpoint {
             Endpoint::Chat => chat_tokens(&json, estimator)?,
-            Endpoint::Completions => completion_tokens(&json, estimator)?,
+            Endpoint::Completions => (completion_tokens(&json, estimator)?, None),
         };
         let (max_tokens, defaulted) = match client_limit(&json)? {
             Some((field, n)) if n > u64::from(self.max_output_tokens) => {
@@ -203,6 +208,8 @@ impl Parser {
             prompt_tokens: prompt_tokens.max(1),
             max_tokens,
             max_tokens_defaulted: defaulted,
+            prefix,
+            user,
             body,
         })
     }
@@ -226,15 +233,40 @@ pub struct CompletionRequest {
     pub max_tokens: u32,
     /// Whether [`max_tokens`](Self::max_tokens) is the default (the client set no limit).
     pub max_tokens_defaulted: bool,
+    /// The cacheable prefix a chat request opens with: its leading `system` (or `developer`) messages,
+    /// identified by a hash of their roles and contents, their estimated tokens (with the per-message
+    /// overheads) as its length. `None` for a chat that opens with another role, and for completions.
+    /// Engines with prefix caching keep one copy of it for every running request that shares it (see
+    /// [`prefix_sharing`](crate::AdmissionBuilder::prefix_sharing)).
+    pub prefix: Option<crate::Prefix>,
+    /// OpenAI's `user` field (an end-user id), when it is a string of at most 256 bytes.
+    pub user: Option<String>,
     /// The body to forward.
     body: Bytes,
 }
 
 impl CompletionRequest {
-    /// The [`Request`](crate::Request) to admit: the prompt estimate and the output reservation (add a
-    /// tenant, a priority or a wait limit with its builder methods).
+    /// The [`Request`](crate::Request) to admit: the prompt estimate, the output reservation and the
+    /// [`prefix`](Self::prefix) (an admission without prefix sharing ignores it); add a tenant, a
+    /// priority or a wait limit with its builder methods.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use kvgate::openai::{Endpoint, Parser};
+    ///
+    /// let body = br#"{"max_tokens":10,"messages":[{"role":"system","content":"You answer in French."},{"role":"user","content":"Hi"}]}"#;
+    /// let chat = Parser::new().parse(Endpoint::Chat, body.as_slice().into())?;
+    /// let prefix = chat.request().prefix.unwrap();
+    /// assert_eq!(prefix.tokens, 4 + 2 + 6); // the message overhead, its role, its text
+    /// # Ok::<(), kvgate::openai::ParseError>(())
+    /// ```
     pub fn request(&self) -> crate::Request {
-        crate::Request::new(self.prompt_tokens, self.max_tokens)
+        let request = crate::Request::new(self.prompt_tokens, self.max_tokens);
+        match self.prefix {
+            Some(prefix) => request.prefix(prefix.id, prefix.tokens),
+            None => request,
+        }
     }
 
     /// The body to send to the engine: as received, with every generation limit of
@@ -250,7 +282,7 @@ impl CompletionRequest {
 
     /// Bytes held for forwarding (what a queued request costs in memory, besides this struct).
     pub fn held_bytes(&self) -> usize {
-        self.body.len() + self.model.len()
+        self.body.len() + self.model.len() + self.user.as_ref().map_or(0, String::len)
     }
 
     /// A counter for the answer's output tokens (see [`OutputTokens`]).
@@ -332,7 +364,14 @@ fn set_limits(json: &mut Map<String, Value>, max_tokens: u32) {
 /// Top-level fields of a chat request whose text the chat template renders into the prompt.
 const TEMPLATE_FIELDS: [&str; 5] = ["tools", "functions", "tool_choice", "documents", "chat_template"];
 
-fn chat_tokens(json: &Map<String, Value>, estimator: &dyn PromptEstimator) -> Result<u32, ParseError> {
+/// The roles whose leading messages make a chat's cacheable prefix (the system prompt).
+const PREFIX_ROLES: [&str; 2] = ["system", "developer"];
+
+/// The prompt estimate of a chat, and its prefix: the leading messages of a [`PREFIX_ROLES`] role.
+fn chat_tokens(
+    json: &Map<String, Value>,
+    estimator: &dyn PromptEstimator,
+) -> Result<(u32, Option<crate::Prefix>), ParseError> {
     let messages = match json.get("messages") {
         None => return Err(ParseError::MissingMessages),
         Some(Value::Array(messages)) if !messages.is_empty() => messages,
@@ -341,6 +380,10 @@ fn chat_tokens(json: &Map<String, Value>, estimator: &dyn PromptEstimator) -> Re
         }
     };
     let mut tokens = estimator.reply_overhead();
+    // The leading system messages: their roles and contents (hashed into the prefix id) and their tokens.
+    let mut prefix_text = String::new();
+    let mut prefix_tokens = 0u32;
+    let mut in_prefix = true;
     for (i, message) in messages.iter().enumerate() {
         let Some(message) = message.as_object() else {
             return Err(ParseError::InvalidMessages(format!("messages[{i}] must be an object")));
@@ -356,23 +399,40 @@ fn chat_tokens(json: &Map<String, Value>, estimator: &dyn PromptEstimator) -> Re
                 )));
             }
         }
-        tokens = tokens.saturating_add(estimator.message_overhead());
         // Every field of the message: role, content (text parts; media at a flat price), name, tool calls'
         // names and arguments, tool_call_id, reasoning — whatever the template renders.
-        tokens = tokens.saturating_add(value_tokens(&Value::Object(message.clone()), estimator, false));
-    }
-    for field in TEMPLATE_FIELDS {
-        match json.get(field) {
-            None | Some(Value::Null) => {}
-            Some(Value::String(text)) => tokens = tokens.saturating_add(estimator.text_tokens(text)),
-            // Templates render tool definitions as JSON: price the compact JSON text.
-            Some(value) => {
-                let text = serde_json::to_string(value).expect("a JSON value serializes");
-                tokens = tokens.saturating_add(estimator.text_tokens(&text));
-            }
+        let message_tokens = estimator.message_overhead().saturating_add(value_tokens(
+            &Value::Object(message.clone()),
+            estimator,
+            false,
+        ));
+        tokens = tokens.saturating_add(message_tokens);
+        let role = message.get("role").and_then(Value::as_str).unwrap_or_default();
+        in_prefix &= PREFIX_ROLES.contains(&role);
+        if in_prefix {
+            prefix_tokens = prefix_tokens.saturating_add(message_tokens);
+            prefix_text.push_str(role);
+            prefix_text.push('\0');
+            prefix_text.push_str(&serde_json::to_string(message).expect("a JSON map serializes"));
+            prefix_text.push('\0');
         }
     }
-    Ok(tokens)
+    for field in TEMPLATE_FIELDS {
+        let text = match json.get(field) {
+            None | Some(Value::Null) => continue,
+            Some(Value::String(text)) => text.clone(),
+            // Templates render tool definitions as JSON: price the compact JSON text.
+            Some(value) => serde_json::to_string(value).expect("a JSON value serializes"),
+        };
+        tokens = tokens.saturating_add(estimator.text_tokens(&text));
+        // Templates often render tools into the system prompt: requests share a prefix only with the same.
+        prefix_text.push_str(field);
+        prefix_text.push('\0');
+        prefix_text.push_str(&text);
+    }
+    let prefix = (prefix_tokens > 0)
+        .then(|| crate::Prefix { id: crate::PrefixId::from(prefix_text.as_str()), tokens: prefix_tokens });
+    Ok((tokens, prefix))
 }
 
 /// The text tokens of every string in `value` (object keys excluded). In a message's `content` array
@@ -460,7 +520,8 @@ mod tests {
             assert_eq!(body[field], 50, "{field}");
         }
         assert_eq!(body["messages"][1]["content"], "Hello there!");
-        assert_eq!(chat.request(), crate::Request::new(20, 50));
+        // The system message is the cacheable prefix: 4 + 2 + 3 tokens.
+        assert_eq!(chat.request(), crate::Request::new(20, 50).prefix(chat.prefix.unwrap().id, 9));
     }
 
     #[test]
@@ -582,5 +643,30 @@ mod tests {
         assert_eq!(raw(br#"{"messages":[{"role":"user","content":5}]}"#), "invalid_messages");
         assert_eq!(raw(br#"{"messages":[{"role":"user","content":"x"}],"stream":"yes"}"#), "invalid_type");
         assert_eq!(raw(br#"{"messages":[{"role":"user","content":"x"}],"model":5}"#), "invalid_type");
+    }
+
+    #[test]
+    fn the_prefix_is_the_leading_system_messages() {
+        let prefix = |body: &str| Parser::new().parse(Endpoint::Chat, Bytes::from(body.to_owned())).unwrap().prefix;
+        let french =
+            prefix(r#"{"messages":[{"role":"system","content":"Answer in French."},{"role":"user","content":"a"}]}"#);
+        let again =
+            prefix(r#"{"messages":[{"role":"system","content":"Answer in French."},{"role":"user","content":"bb"}]}"#);
+        let german =
+            prefix(r#"{"messages":[{"role":"system","content":"Answer in German."},{"role":"user","content":"a"}]}"#);
+        assert_eq!(french, again, "the same system prompt, another question: one prefix");
+        assert_ne!(french.unwrap().id, german.unwrap().id);
+        assert_eq!(prefix(r#"{"messages":[{"role":"user","content":"a"},{"role":"system","content":"x"}]}"#), None);
+        let tools = prefix(
+            r#"{"tools":[{"type":"function"}],"messages":[{"role":"system","content":"Answer in French."},{"role":"user","content":"a"}]}"#,
+        );
+        assert_ne!(tools.unwrap().id, french.unwrap().id, "other tools, another prefix");
+        let two = prefix(
+            r#"{"messages":[{"role":"system","content":"Answer in French."},{"role":"developer","content":"Be brief."},{"role":"user","content":"a"}]}"#,
+        )
+        .unwrap();
+        assert!(two.tokens > french.unwrap().tokens);
+        let completions = Parser::new().parse(Endpoint::Completions, Bytes::from_static(br#"{"prompt":"x"}"#)).unwrap();
+        assert_eq!(completions.prefix, None);
     }
 }
