@@ -11,7 +11,7 @@ use std::time::Duration;
 fn scenario() -> Scenario {
     let plan = GpuPlan::builder(ModelSpec::preset("llama-3.1-8b").unwrap()).gpu("h100-80").build().unwrap();
     let engine = EngineConfig::for_plan(&plan, KvDtype::Bf16).unwrap();
-    let mut scenario = Scenario::overloaded(plan, engine, 3.0, Duration::from_secs(300)).unwrap();
+    let mut scenario = Scenario::overloaded(plan, engine, 3.0, Duration::from_secs(600)).unwrap();
     scenario.workload.ttft_deadline = Some(Duration::from_secs(2));
     scenario
 }
@@ -33,17 +33,18 @@ fn shedding_keeps_the_deadline_of_admitted_requests_at_three_times_overload() {
     let allowance = Duration::from_millis(250);
     let shedding = run(&scenario, GateSpec::kv_deadlines(256, Duration::from_secs(30), allowance));
     let d = shedding.deadlines;
-    // The goal: at least 95 % of admitted requests meet their deadline (measured: 99.2 % over 10 min).
+    // The goal: at least 95 % of admitted requests meet their deadline (measured: 14,790 of 14,904,
+    // 99.2 %; `cargo run --release --example policies`, section 6).
     assert!(d.met_ratio() >= 0.95, "{:.4} {d:?}", d.met_ratio());
     assert!(d.admitted > 5_000, "{d:?}");
     // Misses the other way, counted: tries shed although the replay says they would have started in
-    // time (measured: 43 % of the shed tries — the prediction errs on the side of refusing), and
-    // queued tries that were predicted to start in time and did not.
+    // time (measured: 21,203 of 65,231, 32.5 %, an upper estimate — the prediction errs on the side of
+    // refusing), and queued tries that were predicted to start in time and did not (measured: 2,050).
     assert!(d.shed > 10_000 && d.shed_in_time > 0 && d.expired > 0, "{d:?}");
-    assert!(d.shed_in_time * 10 <= d.shed * 6, "{d:?}");
+    assert!(d.shed_in_time * 10 <= d.shed * 4, "{d:?}");
 
     // Without shedding, the same queue with its wait capped at the deadline: requests wait until they
-    // can no longer make it, then start late (measured: 22 % meet it, 5.9 good/s against 24.7).
+    // can no longer make it, then start late (measured: 21.9 % meet it, 5.92 good/s against 24.65).
     let capped = run(&scenario, GateSpec::kv_admit(None, 256, Duration::from_secs(2)));
     assert!(capped.deadlines.met_ratio() < 0.5, "{:?}", capped.deadlines);
     assert!(shedding.goodput >= 3.0 * capped.goodput, "{:.2} vs {:.2}", shedding.goodput, capped.goodput);

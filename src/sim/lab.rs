@@ -558,10 +558,18 @@ impl Lab<'_> {
         let free_kv = snapshot.kv_capacity.saturating_sub(snapshot.kv_used);
         let now = self.now;
         let mut ended = Vec::new();
+        // What the shed tries replayed to a start at this grant take, first come, first served: a later
+        // shed try gets only what the earlier ones left.
+        let (mut taken_slots, mut taken_kv) = (0u64, 0u64);
         for (&number, replay) in tally.shed_pending.range_mut(..try_number) {
             replay.granted += 1;
             replay.granted_kv = replay.granted_kv.saturating_add(kv);
-            let started = free_slots + replay.granted >= 1 && free_kv.saturating_add(replay.granted_kv) >= replay.kv;
+            let started = free_slots + replay.granted > taken_slots
+                && free_kv.saturating_add(replay.granted_kv) >= taken_kv.saturating_add(replay.kv);
+            if started {
+                taken_slots += 1;
+                taken_kv = taken_kv.saturating_add(replay.kv);
+            }
             if started || now > replay.start_by {
                 if started && now <= replay.start_by {
                     tally.deadlines.shed_in_time += 1;

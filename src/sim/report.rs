@@ -116,8 +116,9 @@ impl TenantReport {
 /// it granted to such later tries since covers the shed try's own (a slot and its KV units). A shed try whose counterfactual start fell
 /// within its start deadline is counted in [`shed_in_time`](Self::shed_in_time) — refused although it
 /// would have started in time. The replay estimates, it does not re-run: it counts the capacity granted
-/// to later tries as if none of it had been returned since, and lets every shed try have it, not only
-/// the first one waiting; both err toward counting a shed try in time, so `shed_in_time` is an upper
+/// to later tries as if none of it had been returned since, and a shed try replayed to a start holds
+/// its capacity against the shed tries behind it only at that one grant; both err toward counting a
+/// shed try in time, so `shed_in_time` is an upper
 /// estimate of the prediction's misses this way.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct DeadlineReport {
