@@ -309,7 +309,7 @@ fn too_large_is_only_for_requests_that_can_never_fit() {
         .kv_capacity_tokens(1000)
         .tenant_defaults(TenantLimits::new().kv_share(0.1))
         .tenant_limits("vip", TenantLimits::new())
-        .max_tenants(16)
+        .max_tenants(1) // the neighbour fills the registry
         .tenant_idle_timeout(Duration::from_secs(1))
         .build()
         .unwrap();
@@ -319,11 +319,8 @@ fn too_large_is_only_for_requests_that_can_never_fit() {
     clock.advance(Duration::from_secs(2));
     let second = admission.try_admit(&Request::new(500, 0).tenant("vip"));
     assert!(second.is_ok(), "{second:?}");
-    let first = first.unwrap_err();
-    assert!(
-        first.retry_after().is_some(),
-        "refused with {first:?} (no retry hint: 'never fits'), yet the same request was admitted later"
-    );
+    // Configured tenants are always tracked: "vip" is measured against its own limits from the start.
+    assert!(first.is_ok(), "vip was refused by limits that are not its own: {first:?}");
 }
 
 // ---------------------------------------------------------------------------------------------------------

@@ -93,9 +93,15 @@ impl<C: Clock> AdmissionBuilder<C> {
     }
 
     /// Waiting room per priority class for [`Admission::admit`] and [`Admission::admit_blocking`]:
-    /// at most this many requests of one class wait at once; one more is rejected at once with
-    /// [`Rejection::QueueFull`](crate::Rejection::QueueFull). `0` means never wait. Default
+    /// at most this many requests of one class wait at once. `0` means never wait. Default
     /// [`DEFAULT_QUEUE_CAPACITY`]. At most 2^20.
+    ///
+    /// When a class is full, a new request is refused at once with
+    /// [`Rejection::QueueFull`](crate::Rejection::QueueFull) unless its flow (its tenant, or the requests
+    /// without a tenant) has at least two fewer waiters than the class's longest flow: then the newest
+    /// waiter of that longest flow resolves `QueueFull` and gives its place (*longest queue drop*; of
+    /// equally long flows, the requests without a tenant give first, then tenants by id). One tenant can
+    /// thus never hold every place of the waiting room.
     pub fn queue_capacity(mut self, queue_capacity: usize) -> Self {
         self.queue_capacity = queue_capacity;
         self
@@ -196,8 +202,10 @@ impl<C: Clock> AdmissionBuilder<C> {
         self
     }
 
-    /// Most tenants tracked at once (default [`DEFAULT_MAX_TENANTS`](crate::DEFAULT_MAX_TENANTS)); beyond it, new tenants share
-    /// one overflow tenant with the default limits until idle tenants are evicted.
+    /// Most tenants tracked at once besides the configured ones (default
+    /// [`DEFAULT_MAX_TENANTS`](crate::DEFAULT_MAX_TENANTS)); beyond it, new tenants share one overflow
+    /// tenant with the default limits until idle tenants are evicted. Configured tenants
+    /// ([`tenant_limits`](Self::tenant_limits)) are always tracked and never evicted.
     pub fn max_tenants(mut self, max_tenants: usize) -> Self {
         self.tenant_config().max_tenants = max_tenants;
         self
@@ -316,7 +324,8 @@ impl<C: Clock> AdmissionBuilder<C> {
     ///
     /// [`ConfigError`] when a setting could never admit anything or is not a valid number:
     /// `max_in_flight(0)`, `kv_capacity_tokens(0)`, a rate that is zero, negative, NaN, infinite or out of
-    /// range, a zero burst, or a queue capacity above 2^20.
+    /// range, a zero burst, a queue capacity above 2^20, a KV budget set twice or in the wrong unit, or a
+    /// tenant [`kv_share`](crate::TenantLimits::kv_share) without a KV budget.
     pub fn build(self) -> Result<Admission<C>, ConfigError> {
         let max_in_flight = match self.max_in_flight {
             Some(0) => return Err(ConfigError::Zero { what: "max_in_flight" }),
@@ -378,6 +387,17 @@ impl<C: Clock> AdmissionBuilder<C> {
         if self.max_prefixes == Some(0) {
             return Err(ConfigError::Zero { what: "prefix_sharing's max_prefixes" });
         }
+        if let Some(config) = &self.tenants {
+            config.validate()?;
+        }
+        if let Some(who) =
+            self.tenants.as_ref().and_then(TenantConfig::kv_share_holder).filter(|_| kv_capacity == u64::MAX)
+        {
+            return Err(ConfigError::Conflict(format!(
+                "{who} has a kv_share but the admission has no KV budget to share; add kv_capacity_tokens(...), \
+                 kv_capacity_bytes(...) or gpu_plan(...), or drop the share"
+            )));
+        }
         let tenants = match self.tenants {
             Some(config) => Some(TenantRegistry::new(config, self.expected_hold, self.clock.clone())?),
             None => None,
@@ -392,6 +412,10 @@ impl<C: Clock> AdmissionBuilder<C> {
                     self.deadline_timer,
                     self.max_prefixes.unwrap_or(0),
                     matches!(self.fairness, Fairness::Tokens { .. }),
+                    {
+                        let clock = self.clock.clone();
+                        super::dispatcher::ClockFn(Box::new(move || clock.now_nanos()))
+                    },
                 ),
                 clock: self.clock,
                 kv_cost,

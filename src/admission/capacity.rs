@@ -110,13 +110,18 @@ impl Capacity {
         self.take(kv, kv_limit, CLOSED | held_back_at_or_above(class))
     }
 
-    /// Takes one slot and `kv` units for a waiter: the dispatcher's take, which passes held-back bits.
+    /// Takes one slot and `kv` units for a waiter of `class` (the dispatcher's take): passes the class's
+    /// own held-back bit and the lower ones, refused while a waiter of a *higher* class is held back —
+    /// for a tenant's capacity, nobody overtakes a parked waiter within its tenant, not even its
+    /// lower-class waiters.
     #[inline]
-    pub(crate) fn try_take_for_waiter(&self, kv: u64, kv_limit: u64) -> Result<(), Refused> {
-        self.take(kv, kv_limit, CLOSED)
+    pub(crate) fn try_take_for_waiter_of(&self, kv: u64, kv_limit: u64, class: usize) -> Result<(), Refused> {
+        let above = if class + 1 < Priority::COUNT { held_back_at_or_above(class + 1) } else { 0 };
+        self.take(kv, kv_limit, CLOSED | above)
     }
 
-    /// Like [`try_take_for_waiter`](Self::try_take_for_waiter), drawing on `credit` first (under the
+    /// Like [`try_take_for_waiter_of`](Self::try_take_for_waiter_of) without a class (every held-back bit
+    /// passed: the global take of a waiter the pass chose), drawing on `credit` first (under the
     /// waiting room's lock). The limits are checked against the use *without* the credit — as if it had
     /// been returned — so a hand-over never admits what a release followed by a take would refuse (after a
     /// limit shrank below the use, nothing is handed over until the use is below the limit again). Other
@@ -267,6 +272,13 @@ impl Capacity {
         self.slots.load(Ordering::Acquire) & CLOSED != 0
     }
 
+    /// Whether `CLOSED` is set, read by a read-modify-write, so that it is ordered against `close`: if
+    /// this sees the word before `close` wrote it, everything the caller did before (charging a bucket)
+    /// is visible to whoever acts after `close` returns; otherwise this sees `CLOSED`.
+    pub(crate) fn is_closed_ordered(&self) -> bool {
+        self.slots.fetch_or(0, Ordering::AcqRel) & CLOSED != 0
+    }
+
     /// Slots in use.
     pub(crate) fn slots_used(&self) -> u64 {
         self.slots.load(Ordering::Acquire) & COUNT_MASK
@@ -342,13 +354,16 @@ mod tests {
         assert_eq!(c.try_take(1, 10, 0), Err(Shortage::HeldBack.into()));
         assert_eq!(c.try_take(6, 10, 2), Err(Refused { shortage: Shortage::Full, dispatch: true }));
         assert_eq!(c.try_take(1, 10, 2), Ok(()));
-        assert_eq!(c.try_take_for_waiter(1, 10), Err(Shortage::Full.into()));
+        assert_eq!(c.try_take_for_waiter_of(1, 10, 1), Err(Shortage::Full.into()));
         assert!(c.release(1));
+        assert_eq!(c.try_take_for_waiter_of(1, 10, 0), Err(Shortage::HeldBack.into()), "a higher class is held back");
+        assert_eq!(c.try_take_for_waiter_of(1, 10, 1), Ok(()), "its own class's bit is passed");
+        assert!(c.release(1), "class 1 is still held back");
         c.clear_held_back(1);
         assert!(!c.release(5));
         assert_eq!((c.slots_used(), c.kv_used()), (0, 0));
         c.close();
-        assert_eq!(c.try_take_for_waiter(0, 10), Err(Shortage::Closed.into()));
+        assert_eq!(c.try_take_for_waiter_of(0, 10, 0), Err(Shortage::Closed.into()));
     }
 
     #[test]

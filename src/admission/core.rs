@@ -2,7 +2,7 @@
 //! the waiting room and the statistics.
 
 use super::capacity::{Capacity, Credit, Limit as KvLimit, Refused, Shortage};
-use super::dispatcher::{Dispatcher, Held, Resources, Timer};
+use super::dispatcher::{ClockFn, Dispatcher, Held, Resources, Timer};
 use super::rejection::Rejection;
 use super::stats::{Stats, capacity_hint};
 use super::tenant::TenantHandle;
@@ -23,6 +23,8 @@ pub(crate) struct Core {
     pub(crate) stats: Stats,
     pub(crate) dispatcher: Dispatcher,
     pub(crate) timer: Timer,
+    /// The admission's clock without its type, for the waiting room's deadline checks.
+    now: ClockFn,
 }
 
 impl Core {
@@ -34,12 +36,14 @@ impl Core {
         deadline_timer: bool,
         max_prefixes: usize,
         token_fairness: bool,
+        now: ClockFn,
     ) -> Self {
         Self {
             hot: CachePadded(Hot { capacity: Capacity::new(max_in_flight), kv_limit: KvLimit::new(kv_capacity) }),
             stats: Stats::new(expected_hold),
             dispatcher: Dispatcher::new(queue_capacity, max_prefixes, token_fairness),
             timer: Timer::new(deadline_timer),
+            now,
         }
     }
 
@@ -56,7 +60,7 @@ impl Core {
 
     #[inline]
     pub(crate) fn resources(&self) -> Resources<'_> {
-        Resources { capacity: &self.hot.capacity, kv_limit: &self.hot.kv_limit, stats: &self.stats }
+        Resources { capacity: &self.hot.capacity, kv_limit: &self.hot.kv_limit, stats: &self.stats, now: &self.now }
     }
 
     #[inline]

@@ -145,7 +145,7 @@ impl<C: Clock> Shared<C> {
                 return match (shortage, wait) {
                     (Shortage::Closed, _) => Attempt::Refused(Rejection::Closed),
                     (_, Some(wait)) => self.queue(this, request, (kv, split), tenant, wait, HeldBy::Server),
-                    (_, None) => Attempt::Refused(self.refusal(HeldBy::Server, class, tenant.as_deref())),
+                    (_, None) => Attempt::Refused(self.refusal(HeldBy::Server, request, tenant.as_deref())),
                 };
             }
         };
@@ -164,13 +164,21 @@ impl<C: Clock> Shared<C> {
                 }
                 return match wait {
                     Some(wait) => self.queue(this, request, (kv, split), tenant, wait, HeldBy::Tenant),
-                    None => Attempt::Refused(self.refusal(HeldBy::Tenant, class, tenant.as_deref())),
+                    None => Attempt::Refused(self.refusal(HeldBy::Tenant, request, tenant.as_deref())),
                 };
             }
         }
         // Step 4: rates.
         let now = now.unwrap_or_else(|| self.clock.now_nanos());
         match self.charge(request.total_tokens(), tenant.as_deref(), now) {
+            Ok((charges, _)) if charges != Charges::default() && core.capacity().is_closed_ordered() => {
+                // Closed while this request charged its rates: a grant now would follow `close()` (a
+                // request without rates needs no check: its take of capacity is ordered against it).
+                let handle = tenant.as_deref().map(|t| t as &dyn TenantHandle);
+                self.refund(charges, handle);
+                core.release_held(held, handle);
+                Attempt::Refused(Rejection::Closed)
+            }
             Ok((charges, now)) => {
                 if tenant.as_ref().is_some_and(|t| t.core().has_waiters()) {
                     // The tenant has less room now: its waiting heads that no longer fit its own limits
@@ -257,7 +265,7 @@ impl<C: Clock> Shared<C> {
         held_by: HeldBy,
     ) -> Attempt {
         if self.core.dispatcher.queue_capacity() == 0 {
-            return Attempt::Refused(self.refusal(held_by, request.priority.index(), tenant.as_deref()));
+            return Attempt::Refused(self.refusal(held_by, request, tenant.as_deref()));
         }
         if let Some(deadline) = request.ttft_deadline {
             // Refuse now what would miss its start deadline, rather than let it wait and fail.
@@ -336,11 +344,25 @@ impl<C: Clock> Shared<C> {
 
     /// The refusal of a request that may not wait: `NoCapacity` when the server's capacity held it back,
     /// `RateLimited` with the tenant's own hint when its tenant's did.
-    fn refusal(&self, held_by: HeldBy, class: usize, tenant: Option<&TenantState<C>>) -> Rejection {
-        match (held_by, tenant) {
+    /// The hint is never earlier than the request's rates would pass it.
+    fn refusal(&self, held_by: HeldBy, request: &Request, tenant: Option<&TenantState<C>>) -> Rejection {
+        let rejection = match (held_by, tenant) {
             (HeldBy::Tenant, Some(t)) => Rejection::RateLimited { retry_after: t.core().hint() },
-            _ => self.core.no_capacity(class),
+            _ => self.core.no_capacity(request.priority.index()),
+        };
+        rejection.at_least(self.rate_wait(request.total_tokens(), tenant))
+    }
+
+    /// How long until every rate `total` tokens are subject to would pass them (zero without rates; the
+    /// clock is read only when there are some).
+    fn rate_wait(&self, total: u64, tenant: Option<&TenantState<C>>) -> Duration {
+        let tenant = tenant.filter(|t| t.has_rates());
+        if self.rates.is_empty() && tenant.is_none() {
+            return Duration::ZERO;
         }
+        let now = self.clock.now_nanos();
+        let global = if self.rates.is_empty() { Duration::ZERO } else { self.rates.wait(total, now) };
+        global.max(tenant.map_or(Duration::ZERO, |t| t.rate_wait(total, now)))
     }
 
     /// Gives back exactly `charges`.

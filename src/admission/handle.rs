@@ -82,17 +82,28 @@ impl<C: Clock> Admission<C> {
     ///
     /// Cost: a few compare-and-swaps on the capacity words and the rate buckets, one clock read, no
     /// lock and no allocation — for a request without a tenant, or of a tenant already tracked (which takes
-    /// one shard's read lock of the tenant registry). Exceptions, stated exactly: a tenant seen for the
-    /// first time is created (one allocation, one shard's write lock); and a request that took capacity and
-    /// must give it back (a later limit refused it) while a waiter was held back by that capacity runs the
-    /// dispatcher, which takes the waiting room's lock for a pass (bookkeeping only: no user code runs
-    /// under it).
+    /// one shard's read lock of the tenant registry). Exceptions, stated exactly:
+    /// - a tenant seen for the first time is created (one allocation, then one shard's write lock; when
+    ///   the registry is full, up to four shards are scanned one lock at a time for an idle tenant to
+    ///   evict, else the tenant shares the overflow state);
+    /// - a request that took capacity and must give it back (a later limit refused it) while a waiter was
+    ///   held back by that capacity runs the dispatcher, which takes the waiting room's lock for a pass;
+    /// - a granted request of a tenant that has waiters runs a pass (its waiting heads that no longer fit
+    ///   the tenant's own limits are parked);
+    /// - a request naming a shared prefix (with prefix sharing on) takes the waiting room's lock, where
+    ///   the prefix table lives.
+    ///
+    /// A pass is bookkeeping only: no user code runs under the lock.
     ///
     /// # Errors
     ///
     /// A [`Rejection`]: `NoCapacity` (slots or KV budget in use, or others waiting), `RateLimited` (a rate,
     /// or the tenant's own cap or share), `TooLarge` (can never fit), `Closed`, or `Invalid` (a request for
     /// zero tokens). Whatever the reason, the request holds nothing afterwards.
+    ///
+    /// A rate refusal's `retry_after` is exact (the instant every rate the request meets would pass); a
+    /// capacity refusal's is an estimate from recent hold times, never earlier than the request's rates
+    /// would allow.
     ///
     /// # Examples
     ///
@@ -227,8 +238,8 @@ impl<C: Clock> Admission<C> {
         crate::telemetry::publish(&self.snapshot(), unit, self.tracked_tenants(), &busiest);
     }
 
-    /// Tenants whose state is tracked now (0 without tenants). Never above
-    /// [`max_tenants`](AdmissionBuilder::max_tenants).
+    /// Tenants whose state is tracked now (0 without tenants): the configured ones and at most
+    /// [`max_tenants`](AdmissionBuilder::max_tenants) others.
     pub fn tracked_tenants(&self) -> usize {
         self.shared.tenants.as_ref().map_or(0, TenantRegistry::tracked)
     }
@@ -331,7 +342,7 @@ impl<C: Clock> Admission<C> {
         match (&self.shared.tenants, tenant) {
             (Some(registry), Some(id)) => match registry.peek(id) {
                 Some(state) => global.tighter(state.rate_status(now)),
-                None => global.tighter(registry.untracked_rate_status(id)),
+                None => global.tighter(registry.untracked_rate_status(id, now)),
             },
             _ => global,
         }

@@ -132,7 +132,10 @@ pub enum Rejection {
         capacity: u64,
     },
 
-    /// The waiting room is full. `retry_after` estimates when a place frees up.
+    /// The waiting room is full: the request's class holds `queue_capacity` waiters, or a waiting request
+    /// gave its place to a request of a tenant with fewer waiters (see
+    /// [`AdmissionBuilder::queue_capacity`](crate::AdmissionBuilder::queue_capacity)). `retry_after`
+    /// estimates when a place frees up.
     #[error("queue full: too many requests are already waiting; retry in {retry_after:?}")]
     QueueFull {
         /// Estimated time until the queue has room.
@@ -177,6 +180,16 @@ impl Rejection {
             | Rejection::RateLimited { retry_after }
             | Rejection::QueueFull { retry_after } => Some(*retry_after),
             Rejection::TooLarge { .. } | Rejection::TimedOut | Rejection::Closed | Rejection::Invalid { .. } => None,
+        }
+    }
+
+    /// This rejection with its retry hint raised to at least `wait` (a rejection without a hint is kept).
+    pub(crate) fn at_least(self, wait: Duration) -> Self {
+        match self {
+            Rejection::NoCapacity { retry_after } => Rejection::NoCapacity { retry_after: retry_after.max(wait) },
+            Rejection::RateLimited { retry_after } => Rejection::RateLimited { retry_after: retry_after.max(wait) },
+            Rejection::QueueFull { retry_after } => Rejection::QueueFull { retry_after: retry_after.max(wait) },
+            other => other,
         }
     }
 

@@ -446,11 +446,17 @@ impl Model {
         for class in (0..3).rev() {
             while let Some(&key) = self.classes[class].ring.front() {
                 let id = *self.classes[class].flow(key).unwrap().queue.front().unwrap();
+                if self.waiters[id].deadline <= self.now_ms * MS {
+                    // Past its deadline: never granted.
+                    self.leave(id, WState::Ended("timed_out"));
+                    continue;
+                }
                 let kv = self.waiters[id].kv;
                 let prefix = self.waiters[id].prefix;
                 let need = prefix.map_or(kv, |p| self.prefix_waiter_need(p, kv));
                 if let Some(t) = key {
-                    if !self.tenant_fits(t, self.tenant_kv(kv)) {
+                    // Nobody overtakes a parked waiter of a higher class within its tenant.
+                    if self.tenant_parked_at_or_above(t, class + 1) || !self.tenant_fits(t, self.tenant_kv(kv)) {
                         let c = &mut self.classes[class];
                         c.ring.pop_front();
                         c.served_in_turn = 0;
@@ -494,7 +500,12 @@ impl Model {
         let flow = class.flow(req.tenant).unwrap();
         flow.queue.retain(|&w| w != id);
         if flow.queue.is_empty() {
+            let was_parked = flow.parked;
             class.remove_flow(req.tenant);
+            if let (true, Some(t)) = (was_parked, req.tenant) {
+                // Its tenant's lower-class flows may have been parked behind it.
+                self.unpark(t);
+            }
         }
         self.waiters[id].state = to;
     }
@@ -578,6 +589,11 @@ impl Model {
         let split = self.split(&req);
         let (need, shared) = split.map_or((kv, false), |sp| self.prefix_need(sp));
         if self.held_back(class) || !self.global_fits(need) {
+            if !self.held_back(class) && self.in_flight < self.max_in_flight && self.held_back(0) {
+                // The real admission took a slot, found the KV budget short and gave the slot back while
+                // waiters were held back: it runs a pass (which ends heads past their deadline).
+                self.pass();
+            }
             return if may_wait { self.queue(req, kv, split, "no_capacity") } else { Err(Err("no_capacity")) };
         }
         // What the request holds itself: its suffix when it shares the prefix, else everything.
@@ -589,17 +605,20 @@ impl Model {
         if let Some(t) = req.tenant {
             if self.tenant_parked_at_or_above(t, class) || !self.tenant_fits(t, self.tenant_kv(own)) {
                 let cap_ok = self.cfg.tenant_cap.is_none_or(|cap| self.tenants[usize::from(t)].in_flight < cap);
+                // The real admission took global capacity first and gives it back now (a pass if waiters are
+                // held back; a shared prefix was held, then let go).
+                if let Some(sp) = split.filter(|_| shared) {
+                    self.take_split(need, 0, None);
+                    self.prefix_hold(sp);
+                    self.release_held(own, prefix, None);
+                } else {
+                    self.pass();
+                }
                 if !self.tenant_parked_at_or_above(t, class) && cap_ok {
                     // The real admission took the tenant's slot, found its KV share short and gave the slot
                     // back; a parked flow of the tenant may have missed that slot, so it is unparked.
                     self.unpark(t);
                     self.pass();
-                }
-                if let Some(sp) = split.filter(|_| shared) {
-                    // The real admission held the prefix, then gave it back.
-                    self.take_split(need, 0, None);
-                    self.prefix_hold(sp);
-                    self.release_held(own, prefix, None);
                 }
                 return if may_wait { self.queue(req, kv, split, "rate_limited") } else { Err(Err("rate_limited")) };
             }
@@ -610,9 +629,14 @@ impl Model {
                 if let Some(sp) = split.filter(|_| shared) {
                     self.saved += self.prefix_hold(sp);
                 }
-                // The tenant has less room: its heads that no longer fit are parked (a pass changes
-                // nothing when it has no waiters).
-                self.pass();
+                // The tenant has less room: its heads that no longer fit are parked (the real admission
+                // runs that pass only when the tenant has waiters).
+                let tenant_waits = req.tenant.is_some_and(|t| {
+                    self.waiters.iter().any(|w| w.state == WState::Waiting && w.req.tenant == Some(t))
+                });
+                if tenant_waits {
+                    self.pass();
+                }
                 Ok(self.grant(req, own, prefix, charges))
             }
             Err(reason) => {
@@ -651,7 +675,19 @@ impl Model {
         } else if self.closed {
             Some("closed")
         } else if self.queued_in(class) >= self.cfg.queue_capacity {
-            Some("queue_full")
+            // Longest queue drop: the newest waiter of the longest flow (of equals, the smallest key) gives
+            // its place to a flow with at least two fewer waiters.
+            let c = &self.classes[class];
+            let own = c.flows.iter().find(|f| f.key == req.tenant).map_or(0, |f| f.queue.len());
+            let longest = c.flows.iter().max_by_key(|f| (f.queue.len(), std::cmp::Reverse(f.key)));
+            match longest {
+                Some(f) if f.queue.len() > own + 1 => {
+                    let newest = *f.queue.back().unwrap();
+                    self.leave(newest, WState::Ended("queue_full"));
+                    None
+                }
+                _ => Some("queue_full"),
+            }
         } else {
             None
         };
@@ -780,6 +816,16 @@ impl Model {
             .collect();
         for id in too_large {
             self.leave(id, WState::Ended("too_large"));
+        }
+        // Shares follow the budget: every parked flow looks again, by class, then anonymous first and
+        // tenants by id.
+        for class in &mut self.classes {
+            let mut parked: Vec<FlowKey> = class.flows.iter().filter(|f| f.parked).map(|f| f.key).collect();
+            parked.sort_unstable();
+            for key in parked {
+                class.flow(key).unwrap().parked = false;
+                class.ring.push_back(key);
+            }
         }
         self.pass();
     }

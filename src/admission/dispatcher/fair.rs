@@ -285,6 +285,31 @@ impl FairQueue {
         self.flow_mut(flow).parked = true;
     }
 
+    /// Waiters of the flow of `key`.
+    pub(crate) fn len_of(&self, key: FlowKey) -> usize {
+        self.find(key).map_or(0, |id| self.flow(id).len)
+    }
+
+    /// The flow with the most waiters (parked or not; of equals, the one with the smallest key): its length
+    /// and its newest waiter. A scan of the flows, run only when a class's waiting room is full.
+    pub(crate) fn longest(&self) -> Option<(usize, u32)> {
+        self.flows
+            .iter()
+            .flatten()
+            .max_by_key(|f| (f.len, std::cmp::Reverse(f.key)))
+            .map(|f| (f.len, f.tail.expect("a live flow has waiters")))
+    }
+
+    /// The flows parked now, by key (anonymous first, then tenants by id): the order they go back into
+    /// the ring when every one of them is unparked.
+    pub(crate) fn parked_flows(&self) -> Vec<u32> {
+        let mut parked: Vec<(FlowKey, u32)> = (0..self.flows.len() as u32)
+            .filter_map(|id| self.flows[id as usize].as_ref().filter(|f| f.parked).map(|f| (f.key, id)))
+            .collect();
+        parked.sort_unstable();
+        parked.into_iter().map(|(_, id)| id).collect()
+    }
+
     /// Puts a parked flow back at the end of the ring; true if it was parked.
     pub(crate) fn unpark(&mut self, id: u32) -> bool {
         if !self.flow(id).parked {

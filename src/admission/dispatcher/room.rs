@@ -38,12 +38,23 @@ use crate::sync::{self, AtomicU64, AtomicUsize, Mutex, MutexGuard, Ordering};
 use std::sync::Arc;
 use std::task::Waker;
 
+/// An admission's clock reading, without the clock's type.
+pub(crate) struct ClockFn(pub(crate) Box<dyn Fn() -> u64 + Send + Sync>);
+
+impl std::fmt::Debug for ClockFn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ClockFn")
+    }
+}
+
 /// What the waiting room needs from the admission around it.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Resources<'a> {
     pub(crate) capacity: &'a Capacity,
     pub(crate) kv_limit: &'a KvLimit,
     pub(crate) stats: &'a Stats,
+    /// The admission's clock (read outside the room's lock: a clock may be user code).
+    pub(crate) now: &'a ClockFn,
 }
 
 /// A request about to wait.
@@ -112,6 +123,8 @@ pub(crate) struct Dispatcher {
     queued: [AtomicUsize; Priority::COUNT],
     /// KV units the waiters of each class need (for start predictions).
     queued_kv: [AtomicU64; Priority::COUNT],
+    /// Waiters with a deadline (written under the lock): a pass needs the time only when there are some.
+    timed: AtomicUsize,
     queue_capacity: usize,
 }
 
@@ -129,6 +142,7 @@ impl Dispatcher {
             }),
             queued: std::array::from_fn(|_| AtomicUsize::new(0)),
             queued_kv: std::array::from_fn(|_| AtomicU64::new(0)),
+            timed: AtomicUsize::new(0),
             queue_capacity,
         }
     }
@@ -165,15 +179,27 @@ impl Dispatcher {
     pub(crate) fn enqueue(&self, res: Resources<'_>, new: NewWaiter) -> Result<Enqueued, Rejection> {
         let class = new.class;
         let mut wakes = WakeList::new();
+        let now = self.pass_time(res);
         let mut room = sync::lock(&self.room);
         if room.closed {
             return Err(Rejection::Closed);
         }
+        let flow_key = new.tenant.as_ref().map_or(FlowKey::Anonymous, |t| t.core().flow);
+        fits(res, new.kv, new.tenant.as_deref())?;
         if self.queued_in(class) >= self.queue_capacity {
             let hint = capacity_hint(res.stats.hold.mean(), res.capacity.slots_used(), self.queued_in(class));
-            return Err(Rejection::QueueFull { retry_after: hint });
+            // Longest queue drop: the newest waiter of the flow with the most waiters gives its place to a
+            // request of a flow with at least two fewer, so that no tenant can hold every place.
+            let own = room.classes[class].len_of(flow_key);
+            match room.classes[class].longest() {
+                Some((longest, newest)) if longest > own + 1 => {
+                    if let Some(wake) = room.leave(res, self, newest, WaitState::Displaced { retry_after: hint }) {
+                        wakes.push(wake);
+                    }
+                }
+                _ => return Err(Rejection::QueueFull { retry_after: hint }),
+            }
         }
-        fits(res, new.kv, new.tenant.as_deref())?;
         let held = match new.split.map(|split| (room.prefixes.wait(&split), split)) {
             Some((Sharing::Shared(id), split)) => Held { kv: split.suffix, prefix: Some(id), saved: 0 },
             Some((Sharing::Alone, split)) => Held { kv: split.whole(), prefix: None, saved: 0 },
@@ -185,19 +211,18 @@ impl Dispatcher {
         waiter.start_deadline = new.start_deadline;
         room.start_deadlines += usize::from(new.start_deadline);
         let key = room.waiters.insert(waiter);
-        let flow_key = new.tenant.as_ref().map_or(FlowKey::Anonymous, |t| t.core().flow);
         let Room { waiters, classes, .. } = &mut *room;
         if classes[class].push(waiters, key.index(), flow_key, new.tenant.as_ref()) {
             // Invariant 1: the bit before any attempt to grant.
             room.hold_back(res, class);
         }
-        self.count(class, new.tenant.as_deref(), 1, held.kv);
+        self.count(class, new.tenant.as_deref(), 1, held.kv, new.deadline);
         let deadline_added = (new.deadline != u64::MAX).then(|| room.deadlines.push(new.deadline, key));
         if deadline_added.is_some() {
             let Room { waiters, deadlines, .. } = &mut *room;
             deadlines.compact_if_grown(|k| waiters.lookup(k).is_some_and(|w| w.state == WaitState::Waiting));
         }
-        room = self.run_passes(res, room, &mut wakes);
+        room = self.run_passes(res, room, &mut wakes, now);
         let granted = key.granted();
         drop(room);
         self.wake(res, &mut wakes);
@@ -230,7 +255,7 @@ impl Dispatcher {
                 WaitState::Waiting => {
                     outside.wake = room.leave(res, self, key.index(), WaitState::TimedOut);
                     // It may have been the head holding others back.
-                    room = self.run_passes(res, room, &mut wakes);
+                    room = self.run_passes(res, room, &mut wakes, now);
                     outside.waiter = Some(room.waiters.remove(key.index()));
                     Outcome::Ended(Rejection::TimedOut)
                 }
@@ -260,6 +285,7 @@ impl Dispatcher {
     ) -> bool {
         let mut wakes = WakeList::new();
         let mut outside = Outside::default();
+        let now = self.pass_time(res);
         let mut room = sync::lock(&self.room);
         let granted = key.granted();
         let mut credit = Credit::default();
@@ -288,7 +314,7 @@ impl Dispatcher {
                 return false;
             }
         }
-        room = self.run_passes_with(res, room, &mut wakes, credit);
+        room = self.run_passes_with(res, room, &mut wakes, credit, now);
         drop(room);
         self.wake(res, &mut wakes);
         outside.drop_all(res);
@@ -300,6 +326,7 @@ impl Dispatcher {
     /// where the prefix table lives.
     pub(crate) fn take_shared(&self, res: Resources<'_>, split: &Split, class: usize) -> Result<Held, Shortage> {
         let mut wakes = WakeList::new();
+        let now = self.pass_time(res);
         let mut room = sync::lock(&self.room);
         let (need, sharing) = room.prefixes.need(split);
         let taken = res.capacity.try_take(need, res.kv_limit.get(), class);
@@ -313,7 +340,7 @@ impl Dispatcher {
             }),
             Err(refused) => {
                 if refused.dispatch {
-                    room = self.run_passes(res, room, &mut wakes);
+                    room = self.run_passes(res, room, &mut wakes, now);
                 }
                 Err(refused.shortage)
             }
@@ -334,12 +361,13 @@ impl Dispatcher {
         unpark: Option<&dyn TenantHandle>,
     ) {
         let mut wakes = WakeList::new();
+        let now = self.pass_time(res);
         let mut room = sync::lock(&self.room);
         if let Some(tenant) = unpark {
             room.unpark(res, tenant);
         }
         let units = room.prefixes.release(prefix);
-        room = self.run_passes_with(res, room, &mut wakes, Credit { slots: 1, kv: kv + units });
+        room = self.run_passes_with(res, room, &mut wakes, Credit { slots: 1, kv: kv + units }, now);
         drop(room);
         self.wake(res, &mut wakes);
     }
@@ -354,11 +382,12 @@ impl Dispatcher {
     /// waiters directly (the rest goes back to the capacity words).
     pub(crate) fn dispatch(&self, res: Resources<'_>, unpark: Option<&dyn TenantHandle>, credit: Credit) {
         let mut wakes = WakeList::new();
+        let now = self.pass_time(res);
         let mut room = sync::lock(&self.room);
         if let Some(tenant) = unpark {
             room.unpark(res, tenant);
         }
-        room = self.run_passes_with(res, room, &mut wakes, credit);
+        room = self.run_passes_with(res, room, &mut wakes, credit, now);
         drop(room);
         self.wake(res, &mut wakes);
     }
@@ -390,9 +419,11 @@ impl Dispatcher {
     }
 
     /// After the KV budget changed: waiters that no longer fit it (or their tenant's share of it) end
-    /// `TooLarge` (invariant 5), then a pass grants what fits now.
+    /// `TooLarge` (invariant 5), parked flows go back into their rings (their tenants' shares changed
+    /// with the budget), then a pass grants what fits now (and parks again what still does not).
     pub(crate) fn resized(&self, res: Resources<'_>) {
         let mut wakes = WakeList::new();
+        let now = self.pass_time(res);
         let mut room = sync::lock(&self.room);
         for key in room.waiters.waiting_keys() {
             if wakes.is_full() {
@@ -413,7 +444,9 @@ impl Dispatcher {
                 }
             }
         }
-        room = self.run_passes(res, room, &mut wakes);
+        // Tenant shares follow the budget: flows parked on a share look again.
+        room.unpark_all(res);
+        room = self.run_passes(res, room, &mut wakes, now);
         drop(room);
         self.wake(res, &mut wakes);
     }
@@ -463,7 +496,7 @@ impl Dispatcher {
             ended += 1;
         }
         if ended != 0 {
-            room = self.run_passes(res, room, &mut wakes);
+            room = self.run_passes(res, room, &mut wakes, now);
         }
         let next = room.deadlines.next();
         drop(room);
@@ -471,27 +504,36 @@ impl Dispatcher {
         (ended, next)
     }
 
-    /// Runs passes until one completes, releasing the lock to wake each full batch.
+    /// The time a pass runs at: the clock, read before the lock is taken, when some waiter has a deadline
+    /// (0 otherwise, which ends nobody). A waiter queued after the reading is not ended by that pass, as
+    /// if the pass had run before it queued.
+    fn pass_time(&self, res: Resources<'_>) -> u64 {
+        if self.timed.load(Ordering::Relaxed) == 0 { 0 } else { (res.now.0)() }
+    }
+
+    /// Runs passes at `now` until one completes, releasing the lock to wake each full batch.
     fn run_passes<'a>(
         &'a self,
         res: Resources<'_>,
         room: MutexGuard<'a, Room>,
         wakes: &mut WakeList,
+        now: u64,
     ) -> MutexGuard<'a, Room> {
-        self.run_passes_with(res, room, wakes, Credit::default())
+        self.run_passes_with(res, room, wakes, Credit::default(), now)
     }
 
-    /// Runs passes handing `credit` over first; what is left of it is returned to the capacity words
-    /// before the lock is released.
+    /// Runs passes at `now` handing `credit` over first; what is left of it is returned to the capacity
+    /// words before the lock is released.
     fn run_passes_with<'a>(
         &'a self,
         res: Resources<'_>,
         mut room: MutexGuard<'a, Room>,
         wakes: &mut WakeList,
         mut credit: Credit,
+        now: u64,
     ) -> MutexGuard<'a, Room> {
         loop {
-            let more = room.pass(res, self, wakes, &mut credit);
+            let more = room.pass(res, self, wakes, &mut credit, now);
             // The pass looked at every head it could with the credit counted as free, so returning the
             // rest cannot make a head fit that did not.
             let _ = res.capacity.return_credit(std::mem::take(&mut credit));
@@ -513,14 +555,17 @@ impl Dispatcher {
         }
     }
 
-    /// Counts a waiter of `class` needing `kv` units in or out (under the lock).
-    fn count(&self, class: usize, tenant: Option<&dyn TenantHandle>, delta: i64, kv: u64) {
+    /// Counts a waiter of `class` needing `kv` units, with `deadline`, in or out (under the lock).
+    fn count(&self, class: usize, tenant: Option<&dyn TenantHandle>, delta: i64, kv: u64, deadline: u64) {
+        let timed = usize::from(deadline != u64::MAX);
         if delta > 0 {
             self.queued[class].fetch_add(1, Ordering::Relaxed);
             self.queued_kv[class].fetch_add(kv, Ordering::Relaxed);
+            self.timed.fetch_add(timed, Ordering::Relaxed);
         } else {
             self.queued[class].fetch_sub(1, Ordering::Relaxed);
             self.queued_kv[class].fetch_sub(kv, Ordering::Relaxed);
+            self.timed.fetch_sub(timed, Ordering::Relaxed);
         }
         if let Some(tenant) = tenant {
             tenant.core().add_queued(delta);
@@ -589,6 +634,7 @@ fn outcome_of(state: WaitState, kv: u64) -> Outcome {
         WaitState::TooLarge { limit, capacity } => {
             Outcome::Ended(Rejection::TooLarge { limit, requested: kv, capacity })
         }
+        WaitState::Displaced { retry_after } => Outcome::Ended(Rejection::QueueFull { retry_after }),
     }
 }
 
@@ -625,9 +671,13 @@ impl Room {
         if left.emptied && left.was_parked {
             if let Some(tenant) = &tenant {
                 tenant.core().capacity.clear_held_back(class);
+                // The tenant's lower-class flows may have been parked behind this one: they look again
+                // in the pass that follows every leave.
+                self.unpark(res, tenant.as_ref());
             }
         }
-        d.count(class, tenant.as_deref(), -1, self.waiters.get(index).kv);
+        let (kv, deadline) = (self.waiters.get(index).kv, self.waiters.get(index).deadline);
+        d.count(class, tenant.as_deref(), -1, kv, deadline);
         self.start_deadlines -= usize::from(self.waiters.get(index).start_deadline);
         if self.classes[class].ring_is_empty() {
             self.clear_held_back(res, class);
@@ -653,10 +703,32 @@ impl Room {
         }
     }
 
-    /// One pass: grant waiters in priority order — fairly across flows within a class, in arrival order
-    /// within a flow — while capacity lasts. Returns true if it stopped because `wakes` is full (run it
+    /// Every parked flow goes back into its ring (the limits they were parked on changed).
+    fn unpark_all(&mut self, res: Resources<'_>) {
+        for class in 0..Priority::COUNT {
+            for flow in self.classes[class].parked_flows() {
+                // Invariant 1: the class bit before the flow is eligible.
+                self.hold_back(res, class);
+                self.classes[class].unpark(flow);
+                if let Some(tenant) = self.classes[class].tenant(flow) {
+                    tenant.core().capacity.clear_held_back(class);
+                }
+            }
+        }
+    }
+
+    /// One pass at `now`: grant waiters in priority order — fairly across flows within a class, in arrival
+    /// order within a flow — while capacity lasts; a head whose deadline is at or before `now` ends
+    /// `TimedOut` instead of being granted. Returns true if it stopped because `wakes` is full (run it
     /// again after waking them).
-    fn pass(&mut self, res: Resources<'_>, d: &Dispatcher, wakes: &mut WakeList, credit: &mut Credit) -> bool {
+    fn pass(
+        &mut self,
+        res: Resources<'_>,
+        d: &Dispatcher,
+        wakes: &mut WakeList,
+        credit: &mut Credit,
+        now: u64,
+    ) -> bool {
         if self.closed {
             return false;
         }
@@ -671,20 +743,27 @@ impl Room {
                 if wakes.is_full() {
                     return true;
                 }
-                let (kv, prefix, cost) = {
+                let (kv, prefix, cost, deadline) = {
                     let waiter = self.waiters.get(index);
-                    (waiter.kv, waiter.prefix, waiter.cost)
+                    (waiter.kv, waiter.prefix, waiter.cost, waiter.deadline)
                 };
+                if deadline <= now {
+                    // Past its deadline: it is not granted (its owner, polling, sees `TimedOut`).
+                    if let Some(wake) = self.leave(res, d, index, WaitState::TimedOut) {
+                        wakes.push(wake);
+                    }
+                    continue;
+                }
                 // Its own units, plus the prefix's when nobody holds the prefix now.
                 let need = prefix.map_or(kv, |id| self.prefixes.waiter_need(id, kv));
                 let tenant = self.classes[class].tenant(flow);
                 if let Some(core) = tenant.map(|t| t.core()) {
                     let (tenant_kv, tenant_limit) = (core.kv_units(kv), core.kv_limit(budget));
-                    if core.capacity.try_take_for_waiter(tenant_kv, tenant_limit).is_err() {
+                    if core.capacity.try_take_for_waiter_of(tenant_kv, tenant_limit, class).is_err() {
                         // Park, then look once more (invariant 2): a release between the failed take and
                         // the bit did not see the bit, but its room is visible now.
                         core.capacity.hold_back(class);
-                        if core.capacity.try_take_for_waiter(tenant_kv, tenant_limit).is_err() {
+                        if core.capacity.try_take_for_waiter_of(tenant_kv, tenant_limit, class).is_err() {
                             self.classes[class].park(flow);
                             continue;
                         }
@@ -700,7 +779,7 @@ impl Room {
                     // Global capacity is short (or closed): nobody passes this head.
                     return false;
                 }
-                d.count(class, self.classes[class].tenant(flow).map(|t| t.as_ref()), -1, kv);
+                d.count(class, self.classes[class].tenant(flow).map(|t| t.as_ref()), -1, kv, deadline);
                 self.start_deadlines -= usize::from(self.waiters.get(index).start_deadline);
                 if let Some(id) = prefix {
                     res.stats.count_prefix_saved(self.prefixes.stop_waiting(id, true));

@@ -45,6 +45,9 @@ pub(crate) enum WaitState {
     Closed,
     /// A resize left it needing more than the whole of `limit`.
     TooLarge { limit: Limit, capacity: u64 },
+    /// Its class's waiting room was full and it was the newest waiter of the longest flow: a request of a
+    /// shorter flow took its place.
+    Displaced { retry_after: std::time::Duration },
 }
 
 /// How to wake a waiter's owner.

@@ -59,7 +59,7 @@ impl fmt::Display for TenantId {
 /// Whose fair queue a waiter joins: requests without a tenant share one flow, each tracked tenant has its
 /// own, and the shared overflow tenant has one. Distinct even where the numbers coincide (`TenantId(0)` is
 /// not "no tenant").
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum FlowKey {
     /// Requests that named no tenant.
     Anonymous,

@@ -135,6 +135,17 @@ impl TenantConfig {
         }
     }
 
+    /// Who has a KV share ("the tenant defaults" or "tenant NAME"), if anyone does.
+    pub(crate) fn kv_share_holder(&self) -> Option<String> {
+        if self.defaults.kv_share.is_some() {
+            return Some("the tenant defaults".into());
+        }
+        let mut named: Vec<&str> =
+            self.overrides.values().filter(|(_, l)| l.kv_share.is_some()).map(|(name, _)| &**name).collect();
+        named.sort_unstable();
+        named.first().map(|name| format!("tenant {name}"))
+    }
+
     /// Checks every value.
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         self.defaults.validate("the tenant defaults")?;

@@ -21,12 +21,15 @@
 //!
 //! # Memory
 //! Tenant state is created on a tenant's first request and kept in a sharded map (no global lock: a
-//! request of a known tenant takes one shard's read lock). At most `max_tenants` tenants are tracked.
-//! When a shard is full, a tenant idle for at least `tenant_idle_timeout` (nothing in flight, nothing
-//! waiting, no request since) is evicted to make room — found among a bounded sample of the shard's
-//! entries, so a flood of new ids costs O(1) per request; if none is idle, the new tenant shares one
-//! *overflow* tenant with the default limits until room frees up. The number of distinct ids an attacker
-//! can invent therefore never grows memory: it only crowds those ids into the overflow tenant.
+//! request of a known tenant takes one shard's read lock). Every configured tenant
+//! ([`tenant_limits`](crate::AdmissionBuilder::tenant_limits)) is tracked from the start and never
+//! evicted; besides them, at most `max_tenants` tenants are tracked. When that many are, a tenant idle for
+//! at least `tenant_idle_timeout` (nothing in flight, nothing waiting, no request since) is evicted to make
+//! room — found among a bounded sample of entries in a few shards, so a flood of new ids costs O(1) per
+//! request; if none is found, the new tenant shares one *overflow* tenant with the default limits until
+//! room frees up (and [`rate_status`](crate::Admission::rate_status) reports the overflow tenant's buckets
+//! for it meanwhile). The number of distinct ids an attacker can invent therefore never grows memory: it
+//! only crowds those ids into the overflow tenant.
 //!
 //! An evicted tenant starts again with full buckets, so keep the idle timeout at least as long as its
 //! buckets take to refill (`burst / rate`); the default is 60 s.

@@ -1,10 +1,19 @@
 //! The bounded, sharded map from tenant ids to their state (see the module docs for the memory bound).
+//!
+//! # Invariants
+//! - Every configured tenant (an override) is in its shard from the start and is never evicted; it is
+//!   not counted in `max_tenants`.
+//! - `tracked` counts the other entries of all shards; it never exceeds `max_tenants`. A slot is
+//!   *reserved* (the count raised) or *inherited* from an evicted entry before an entry is inserted,
+//!   and released when an inserted entry is removed or an insertion loses a race, so the count is exact
+//!   once no insertion is under way.
+//! - At most one shard lock is held at a time, and a tenant's state is built before any lock is taken.
 
 use super::{FlowKey, TenantConfig, TenantId, TenantState};
 use crate::admission::rates::{RateLimitStatus, RateStatus};
 use crate::clock::Clock;
 use crate::error::ConfigError;
-use crate::sync::{self, RwLock};
+use crate::sync::{self, AtomicUsize, Ordering, RwLock};
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
@@ -12,8 +21,11 @@ use std::time::Duration;
 
 /// Shards of the map; a known tenant's request takes one shard's read lock.
 const SHARDS: usize = 16;
-/// Entries examined for an idle victim when a shard is full.
+/// Entries examined for an idle victim in each shard searched.
 const EVICTION_PROBES: usize = 16;
+/// Shards searched for an idle victim when the registry is full: the new tenant's own, then the next
+/// ones in turn, so that a flood of new ids costs O(1) each.
+const EVICTION_SHARDS: usize = 4;
 
 type Shard<C> = RwLock<HashMap<TenantId, Arc<TenantState<C>>>>;
 
@@ -21,8 +33,8 @@ type Shard<C> = RwLock<HashMap<TenantId, Arc<TenantState<C>>>>;
 pub(crate) struct TenantRegistry<C: Clock> {
     config: TenantConfig,
     shards: Vec<Shard<C>>,
-    /// Capacity of each shard; they add up to `max_tenants`.
-    shard_capacity: Vec<usize>,
+    /// Entries of tenants without an override, in all shards (at most `config.max_tenants`).
+    tracked: AtomicUsize,
     overflow: Arc<TenantState<C>>,
     expected_hold: Duration,
     clock: C,
@@ -35,86 +47,103 @@ impl<C: Clock> fmt::Debug for TenantRegistry<C> {
 }
 
 impl<C: Clock> TenantRegistry<C> {
-    /// Checks the configuration and builds the registry.
+    /// Checks the configuration and builds the registry, with every configured tenant in it.
     pub(crate) fn new(config: TenantConfig, expected_hold: Duration, clock: C) -> Result<Self, ConfigError> {
         config.validate()?;
+        let shards: Vec<Shard<C>> = (0..SHARDS).map(|_| RwLock::new(HashMap::new())).collect();
         for (id, (_, limits)) in &config.overrides {
-            // Builds the buckets once, so that an invalid rate is reported now, naming the tenant.
-            TenantState::new(FlowKey::Tenant(*id), limits, expected_hold, &clock)?;
+            // Builds the buckets now, so that an invalid rate is reported at build time.
+            let state = Arc::new(TenantState::new(FlowKey::Tenant(*id), limits, expected_hold, &clock)?);
+            sync::write(&shards[shard_index(*id)]).insert(*id, state);
         }
         let overflow = Arc::new(TenantState::new(FlowKey::Overflow, &config.defaults, expected_hold, &clock)?);
-        let (base, extra) = (config.max_tenants / SHARDS, config.max_tenants % SHARDS);
-        Ok(Self {
-            shards: (0..SHARDS).map(|_| RwLock::new(HashMap::new())).collect(),
-            shard_capacity: (0..SHARDS).map(|i| base + usize::from(i < extra)).collect(),
-            overflow,
-            expected_hold,
-            clock,
-            config,
-        })
+        Ok(Self { shards, tracked: AtomicUsize::new(0), overflow, expected_hold, clock, config })
     }
 
-    fn shard(&self, id: TenantId) -> (usize, &Shard<C>) {
-        let index = (id.get() ^ (id.get() >> 32)) as usize % SHARDS;
-        (index, &self.shards[index])
-    }
-
-    /// Tenants tracked now (the overflow tenant not counted).
+    /// Tenants tracked now: the configured ones and the others (the overflow tenant not counted).
     pub(crate) fn tracked(&self) -> usize {
         self.shards.iter().map(|s| sync::read(s).len()).sum()
     }
 
     /// The state of `id`, created if needed (or the overflow tenant when no room can be made). A known
-    /// tenant costs one shard read lock and no allocation; a new one a write lock and one allocation.
+    /// tenant costs one shard read lock and no allocation; a new one one allocation and a write lock.
     pub(crate) fn get(&self, id: TenantId, now: u64) -> Arc<TenantState<C>> {
-        let (index, shard) = self.shard(id);
-        if let Some(state) = sync::read(shard).get(&id) {
+        let index = shard_index(id);
+        if let Some(state) = sync::read(&self.shards[index]).get(&id) {
             state.touch(now);
             return Arc::clone(state);
         }
-        let mut map = sync::write(shard);
-        if let Some(state) = map.get(&id) {
-            state.touch(now);
-            return Arc::clone(state);
+        if !self.reserve() && !self.evict_idle(index, now) {
+            self.overflow.touch(now);
+            return Arc::clone(&self.overflow);
         }
-        if map.len() >= self.shard_capacity[index] {
-            let idle = crate::clock::duration_to_nanos(self.config.idle_timeout);
-            // Look at a bounded number of entries, so that a flood of new ids costs O(1) each. A tenant
-            // referenced elsewhere (a permit, a waiter) is never evicted.
+        // A slot is ours now. The state is built outside every lock; limits were validated at build time.
+        let state = match TenantState::new(FlowKey::Tenant(id), &self.config.defaults, self.expected_hold, &self.clock)
+        {
+            Ok(state) => Arc::new(state),
+            Err(_) => {
+                self.release();
+                return Arc::clone(&self.overflow);
+            }
+        };
+        let mut map = sync::write(&self.shards[index]);
+        if let Some(existing) = map.get(&id) {
+            // Another request of the same new tenant inserted it meanwhile.
+            let existing = Arc::clone(existing);
+            drop(map);
+            self.release();
+            existing.touch(now);
+            return existing;
+        }
+        map.insert(id, Arc::clone(&state));
+        state
+    }
+
+    /// Raises the tracked count if it is below `max_tenants`.
+    fn reserve(&self) -> bool {
+        self.tracked
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < self.config.max_tenants).then_some(n + 1))
+            .is_ok()
+    }
+
+    fn release(&self) {
+        self.tracked.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Removes one idle tenant (nothing in flight or waiting, no request for `idle_timeout`, referenced
+    /// nowhere else), looking at a bounded sample of `EVICTION_SHARDS` shards starting at `first`. Its
+    /// slot passes to the caller: the tracked count is unchanged.
+    fn evict_idle(&self, first: usize, now: u64) -> bool {
+        let idle = crate::clock::duration_to_nanos(self.config.idle_timeout);
+        (0..EVICTION_SHARDS).any(|k| {
+            let mut map = sync::write(&self.shards[(first + k) % SHARDS]);
             let victim = map
                 .iter()
+                .filter(|(id, _)| !self.config.overrides.contains_key(id))
                 .take(EVICTION_PROBES)
                 .find(|(_, s)| s.idle_since(now, idle) && Arc::strong_count(s) == 1)
-                .map(|(k, _)| *k);
-            match victim {
-                Some(key) => {
-                    map.remove(&key);
-                }
-                None => {
-                    self.overflow.touch(now);
-                    return Arc::clone(&self.overflow);
-                }
-            }
-        }
-        let (limits, _) = self.config.limits_of(id);
-        // Validated at build time, so construction cannot fail here; fall back to overflow if it did.
-        match TenantState::new(FlowKey::Tenant(id), limits, self.expected_hold, &self.clock) {
-            Ok(state) => {
-                let state = Arc::new(state);
-                map.insert(id, Arc::clone(&state));
-                state
-            }
-            Err(_) => Arc::clone(&self.overflow),
-        }
+                .map(|(id, _)| *id);
+            victim.is_some_and(|id| map.remove(&id).is_some())
+        })
+    }
+
+    /// Whether a new tenant would be crowded into the overflow tenant now (the registry is full; idle
+    /// tenants that could be evicted are not looked for).
+    fn is_full(&self) -> bool {
+        self.tracked.load(Ordering::Acquire) >= self.config.max_tenants
     }
 
     /// The state of `id`, if it is tracked, without creating it.
     pub(crate) fn peek(&self, id: TenantId) -> Option<Arc<TenantState<C>>> {
-        sync::read(self.shard(id).1).get(&id).cloned()
+        sync::read(&self.shards[shard_index(id)]).get(&id).cloned()
     }
 
-    /// What an untracked tenant's rate limits look like: its configured limits, full.
-    pub(crate) fn untracked_rate_status(&self, id: TenantId) -> RateLimitStatus {
+    /// What an untracked tenant's rate limits look like: the default limits, full — or, while the
+    /// registry is full, the overflow tenant's buckets, which its next request would be charged to.
+    pub(crate) fn untracked_rate_status(&self, id: TenantId, now: u64) -> RateLimitStatus {
+        if self.is_full() {
+            return self.overflow.rate_status(now);
+        }
         let (limits, _) = self.config.limits_of(id);
         let full = |limit: u64| RateStatus { limit, remaining: limit, reset: Duration::ZERO };
         RateLimitStatus {
@@ -142,4 +171,9 @@ impl<C: Clock> TenantRegistry<C> {
         all.truncate(n);
         all
     }
+}
+
+/// The shard of `id`.
+fn shard_index(id: TenantId) -> usize {
+    (id.get() ^ (id.get() >> 32)) as usize % SHARDS
 }
