@@ -1,5 +1,6 @@
 //! The policies of POLICIES.md judged in the overload lab: adaptive concurrency and engine feedback
-//! against the best static configuration a sweep finds, one deterministic run each, side by side.
+//! against the best static configuration a sweep finds, token-fair queueing and deadline shedding against
+//! the admission without them; one deterministic run each, side by side.
 //!
 //! ```sh
 //! cargo run --release --example policies            # tables, and SVG plots written to docs/
@@ -14,21 +15,25 @@
 //! 3. **Stability**: the controller's limit on 30 minutes of steady 2× chat traffic.
 //! 4. **Engine feedback**: a KV budget that overestimates the pool (1.5×, learned reservations), and a
 //!    memory-bound GPU (an L4) where full `max_tokens` reservations leave the cache half empty.
+//! 5. **Token-fair queueing**: two backlogged tenants whose requests differ 20× in size, served by
+//!    requests and by tokens, at weights 1:1 and 2:1.
+//! 6. **Deadline-aware shedding**: chat traffic at 3×, every request with a 2-s TTFT deadline; kvgate's
+//!    queue without and with shedding, misses counted both ways.
 
 use kvgate::clock::{Clock, ManualClock, MonotonicClock};
 use kvgate::feedback::FeedbackConfig;
 use kvgate::kv::{GpuPlan, ModelSpec, WeightDtype};
 use kvgate::sim::{
-    AdmissionGate, AdmissionSpec, Arrivals, EngineConfig, EngineStatus, Entry, FeedbackSetup, Gate, GateSpec, Pricing,
-    Profile, Report, Scenario, plot, plot::Panel,
+    AdmissionGate, AdmissionSpec, Arrivals, EngineConfig, EngineStatus, Entry, FeedbackSetup, Gate, GateSpec,
+    HeavyUser, Pricing, Profile, Report, Scenario, Workload, jain_index, plot, plot::Panel,
 };
-use kvgate::{Admission, ConfigError, Request, Reservation};
+use kvgate::{Admission, ConfigError, Fairness, Request, Reservation, TenantLimits};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 const HELP: &str = "\
-policies: adaptive concurrency and engine feedback in the overload lab
+policies: adaptive concurrency, engine feedback, token fairness and deadline shedding in the overload lab
 
 USAGE:
     cargo run --release --example policies -- [OPTIONS]
@@ -232,6 +237,19 @@ fn run(seed: u64, out: Option<PathBuf>) -> Result<(), String> {
         .map_err(|e| e.to_string())?,
     ));
 
+    // 5 and 6: token fairness and deadline shedding.
+    fairness(&plan, &engine, seed).map_err(|e| e.to_string())?;
+    let deadline_plot = deadlines(&plan, &engine, seed).map_err(|e| e.to_string())?;
+    files.push((
+        "policy-deadlines.svg",
+        plot::panels(
+            &deadline_plot,
+            "3x chat traffic, 2 s TTFT deadline: kvgate's queue with and without deadline shedding",
+            &[Panel::Goodput, Panel::Waiting, Panel::Running, Panel::TtftP90],
+        )
+        .map_err(|e| e.to_string())?,
+    ));
+
     if let Some(dir) = out {
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         for (name, svg) in files {
@@ -242,6 +260,112 @@ fn run(seed: u64, out: Option<PathBuf>) -> Result<(), String> {
     }
     println!("\nwall time {:.1} s", (clock.now_nanos() - started) as f64 / 1e9);
     Ok(())
+}
+
+/// Section 5, two backlogged tenants, one sending questions and one documents 20 times their size, served by
+/// requests and by tokens, at weights 1:1 and 2:1 (the questions' tenant at 2): the tokens each was
+/// served (prompt 1, output 2, as `Fairness::tokens()` charges them) over its weight.
+fn fairness(plan: &GpuPlan, engine: &EngineConfig, seed: u64) -> Result<(), ConfigError> {
+    let tenants = vec![HeavyUser::fixed(256, 200, 20), HeavyUser::fixed(256, 4000, 400)];
+    let mut scenario = Scenario::backlogged_tenants(plan.clone(), engine.clone(), tenants, Duration::from_secs(600))?;
+    scenario.seed = seed;
+    println!(
+        "5. Token fairness: two tenants with 256 streams each for {} s, questions (200 tokens in, 20 out) and \
+         documents (4,000 in, 400 out); KV pricing, a queue of 1,024\n",
+        scenario.duration.as_secs()
+    );
+    println!(
+        "| fairness | weights (questions : documents) | requests served | tokens served (M) | per weight, questions / documents | Jain | difference (M tokens) |"
+    );
+    println!("|---|---|---:|---:|---:|---:|---:|");
+    for (fairness, weight) in
+        [(Fairness::Requests, 1), (Fairness::tokens(), 1), (Fairness::Requests, 2), (Fairness::tokens(), 2)]
+    {
+        let mut s = scenario.clone();
+        s.gate = GateSpec::kv_fairness(fairness, 1024, Duration::from_secs(3600));
+        if let GateSpec::Admission(spec) = &mut s.gate {
+            spec.tenant_limits = vec![(Workload::script_tenant(0), TenantLimits::new().weight(weight))];
+        }
+        let report = s.run()?;
+        let tenant =
+            |i| report.tenants.iter().find(|t| t.tenant == Workload::script_tenant(i)).copied().unwrap_or_default();
+        let (questions, documents) = (tenant(0), tenant(1));
+        let per_weight = [questions.served(1, 2) as f64 / f64::from(weight), documents.served(1, 2) as f64];
+        let name = match fairness {
+            Fairness::Requests => "requests",
+            Fairness::Tokens { .. } => "tokens (prompt 1, output 2)",
+        };
+        println!(
+            "| {name} | {weight} : 1 | {} / {} | {:.2} / {:.2} | {:.3} | {:.3} | {:.2} |",
+            questions.completed,
+            documents.completed,
+            questions.served(1, 2) as f64 / 1e6,
+            documents.served(1, 2) as f64 / 1e6,
+            per_weight[0] / per_weight[1],
+            jain_index(&per_weight),
+            (per_weight[0] - per_weight[1]).abs() / 1e6
+        );
+    }
+    println!();
+    Ok(())
+}
+
+/// Section 6, chat traffic at 3x, every request carrying a 2-s TTFT deadline: kvgate's queue without shedding
+/// (its wait capped at the deadline, or not) and with it, at three allowances for the engine's prefill;
+/// and `try_admit`, which never queues.
+/// Returns the reports to plot: the capped queue and shedding with a 250 ms allowance.
+fn deadlines(plan: &GpuPlan, engine: &EngineConfig, seed: u64) -> Result<Vec<Report>, ConfigError> {
+    let mut scenario = Scenario::overloaded(plan.clone(), engine.clone(), 3.0, Duration::from_secs(600))?;
+    scenario.seed = seed;
+    scenario.workload.ttft_deadline = Some(Duration::from_secs(2));
+    println!(
+        "6. Deadline shedding: {} ({} s), every request with a 2 s TTFT deadline; kvgate admit, a queue of 256\n",
+        scenario.name,
+        scenario.duration.as_secs()
+    );
+    let ms = Duration::from_millis;
+    let labelled = |gate: GateSpec, label: &str| match gate {
+        GateSpec::Admission(spec) => GateSpec::Admission(Box::new(AdmissionSpec { label: label.into(), ..*spec })),
+        other => other,
+    };
+    let gates = [
+        GateSpec::kv_try_admit(),
+        labelled(GateSpec::kv_admit(None, 256, Duration::from_secs(2)), "kvgate admit, wait capped at 2 s"),
+        labelled(GateSpec::kv_admit(None, 256, Duration::from_secs(30)), "kvgate admit"),
+        GateSpec::kv_deadlines(256, Duration::from_secs(30), ms(0)),
+        GateSpec::kv_deadlines(256, Duration::from_secs(30), ms(250)),
+        GateSpec::kv_deadlines(256, Duration::from_secs(30), ms(500)),
+    ];
+    let reports = run_all(&scenario, &gates)?;
+    println!(
+        "| gate | max wait | allowance | good/s | TTFT p99 | admitted | met | missed | shed | shed, would have started in time | queued, predicted in time, expired | requests never admitted | of those, with a shed try in time |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for (gate, r) in gates.iter().zip(&reports) {
+        let GateSpec::Admission(spec) = gate else { unreachable!("admission specs") };
+        let d = r.deadlines;
+        let allowance = spec.deadline_shedding.map_or("-".to_string(), |a| format!("{} ms", a.as_millis()));
+        let max_wait =
+            spec.max_wait.filter(|_| spec.wait).map_or("no queue".to_string(), |w| format!("{} s", w.as_secs()));
+        println!(
+            "| {} | {max_wait} | {allowance} | {:.2} | {:.2} s | {} | {} ({:.1} %) | {} | {} | {} ({:.1} %) | {} | {} | {} |",
+            r.gate,
+            r.goodput,
+            r.ttft.p99,
+            d.admitted,
+            d.met,
+            100.0 * d.met_ratio(),
+            d.missed,
+            d.shed,
+            d.shed_in_time,
+            100.0 * d.shed_in_time as f64 / d.shed.max(1) as f64,
+            d.expired,
+            d.never_admitted,
+            d.lost_in_time
+        );
+    }
+    println!();
+    Ok(vec![reports[1].clone(), reports[4].clone()])
 }
 
 /// A count limit that knows the future: the best static limit for the chats until the shift, then the

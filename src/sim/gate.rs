@@ -91,6 +91,19 @@ pub trait Gate: fmt::Debug {
     fn kv_budget(&self) -> Option<u64> {
         None
     }
+
+    /// The admission behind the gate, if it has one: the lab reads its counters and prices requests with
+    /// it (for the deadline report).
+    fn admission(&self) -> Option<&Admission<ManualClock>> {
+        None
+    }
+
+    /// The allowance with which the gate passes requests' TTFT deadlines on as start deadlines (see
+    /// [`AdmissionSpec::deadline_shedding`](super::AdmissionSpec::deadline_shedding)); `None` when it
+    /// ignores them. The lab replays shed tries against this start deadline.
+    fn deadline_shedding(&self) -> Option<Duration> {
+        None
+    }
 }
 
 /// No gate: every try goes straight to the engine, which queues it (or refuses it with a 503 if its
@@ -116,7 +129,12 @@ pub struct AdmissionGate {
     admission: Admission<ManualClock>,
     wait: bool,
     max_wait: Option<Duration>,
+    deadline_shedding: Option<Duration>,
 }
+
+/// How often a gate that sheds by deadline lets waiters whose deadline became unreachable leave
+/// ([`Admission::expire_waiters`]), as the admission's deadline timer does in a server.
+pub(crate) const EXPIRE_EVERY: Duration = Duration::from_millis(100);
 
 impl AdmissionGate {
     /// A gate over `admission` (built with the lab's clock and `deadline_timer(false)`); `wait` chooses
@@ -127,12 +145,16 @@ impl AdmissionGate {
         wait: bool,
         max_wait: Option<Duration>,
     ) -> Self {
-        Self { name: name.into(), admission, wait, max_wait }
+        Self { name: name.into(), admission, wait, max_wait, deadline_shedding: None }
     }
 
-    /// The admission behind the gate.
-    pub fn admission(&self) -> &Admission<ManualClock> {
-        &self.admission
+    /// Passes each request's TTFT deadline on to the admission less `allowance` (deadline-aware
+    /// shedding; see [`AdmissionSpec::deadline_shedding`](super::AdmissionSpec::deadline_shedding)), or
+    /// with `None`, strips it (the default: the gate ignores deadlines).
+    #[must_use]
+    pub fn with_deadline_shedding(mut self, allowance: Option<Duration>) -> Self {
+        self.deadline_shedding = allowance;
+        self
     }
 }
 
@@ -142,10 +164,15 @@ impl Gate for AdmissionGate {
     }
 
     fn enter(&mut self, request: &Request) -> Entry {
+        let mut request = *request;
+        request.ttft_deadline = match self.deadline_shedding {
+            Some(allowance) => request.ttft_deadline.map(|d| d.saturating_sub(allowance)),
+            None => None,
+        };
         if self.wait {
-            Entry::Wait(self.admission.admit(request))
+            Entry::Wait(self.admission.admit(&request))
         } else {
-            match self.admission.try_admit(request) {
+            match self.admission.try_admit(&request) {
                 Ok(permit) => Entry::Pass(Some(permit)),
                 Err(rejection) => Entry::Refuse(rejection),
             }
@@ -160,8 +187,26 @@ impl Gate for AdmissionGate {
         self.admission.snapshot().queued
     }
 
+    fn control_interval(&self) -> Option<Duration> {
+        (self.wait && self.deadline_shedding.is_some()).then_some(EXPIRE_EVERY)
+    }
+
+    fn control(&mut self, _now: Duration, _engine: &EngineStatus) {
+        if self.deadline_shedding.is_some() {
+            self.admission.expire_waiters();
+        }
+    }
+
     fn max_in_flight(&self) -> Option<usize> {
         Some(self.admission.snapshot().max_in_flight).filter(|&n| n != usize::MAX)
+    }
+
+    fn admission(&self) -> Option<&Admission<ManualClock>> {
+        Some(&self.admission)
+    }
+
+    fn deadline_shedding(&self) -> Option<Duration> {
+        self.deadline_shedding
     }
 
     fn kv_budget(&self) -> Option<u64> {

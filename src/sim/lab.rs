@@ -27,17 +27,19 @@ use super::client::ClientPolicy;
 use super::dist;
 use super::engine::{Engine, EngineEvent, EngineRefusal, SeqId};
 use super::gate::{Entry, Gate, GateContext};
-use super::report::{ClassReport, Failures, Percentiles, Report, TimeSeries, jain_index, nearest_rank};
+use super::report::{
+    ClassReport, DeadlineReport, Failures, Percentiles, Report, TenantReport, TimeSeries, jain_index, nearest_rank,
+};
 use super::scenario::Scenario;
-use super::workload::{Arrivals, PoissonArrivals, Profile};
+use super::workload::{Arrivals, HEAVY_USER_TENANT, PoissonArrivals, Profile, Workload};
 use crate::adaptive::Observation;
 use crate::clock::ManualClock;
 use crate::error::ConfigError;
 use crate::retry::{RetryHint, SplitMix64};
-use crate::{Admit, Permit, Request};
+use crate::{Admit, Permit, Rejection, Request};
 use parking_lot::Mutex;
 use std::cmp::{Ordering, Reverse};
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -47,8 +49,6 @@ use std::time::Duration;
 /// The least time between two requests of one scripted worker: a network round trip (1 ms).
 const SCRIPT_MIN_GAP_NANOS: u64 = 1_000_000;
 
-/// The tenant of the scripted heavy user (employees are tenants `0..count`).
-const SCRIPT_TENANT: u64 = u64::MAX / 2;
 /// Independent random streams derived from the scenario's seed.
 const WORKLOAD_STREAM: u64 = 0x5745_4c4c_4f41_4400;
 const CLIENT_STREAM: u64 = 0x434c_4945_4e54_5300;
@@ -59,7 +59,10 @@ const POISSON_STREAM: u64 = 0x504f_4953_534f_4e00;
 enum Source {
     Poisson,
     Employee(u32),
-    Script,
+    /// The workload's heavy user.
+    Heavy,
+    /// One of the workload's further scripts, by index.
+    Script(u32),
 }
 
 /// A try of a live request: its slot and the slot's epoch.
@@ -132,6 +135,8 @@ enum TryEnd {
 
 #[derive(Debug)]
 struct Live {
+    /// The request's number, in the order of arrival.
+    id: u64,
     source: Source,
     tenant: u64,
     human: bool,
@@ -143,12 +148,42 @@ struct Live {
     /// When the current try entered the engine (what the gate sees as its admission).
     entered: u64,
     phase: Phase,
+    /// When its TTFT deadline ends (lab time), if it carries one.
+    deadline: Option<u64>,
+    /// The current try's number (tries are numbered in the order they start).
+    try_number: u64,
+    /// When the current try's wait in the gate ends at the latest: its `max_wait` or its start deadline.
+    wait_until: Option<u64>,
+    /// When the current try must start to meet its deadline (its deadline less the gate's allowance),
+    /// if the gate sheds by deadline.
+    start_by: Option<u64>,
+    /// Whether a try was granted while it carried a deadline (counted in `DeadlineReport::admitted`), and
+    /// whether that try was judged (met or missed) yet.
+    admitted: bool,
+    judged: bool,
 }
 
 #[derive(Debug, Default)]
 struct Slot {
     epoch: u32,
     live: Option<Live>,
+}
+
+/// A shed try replayed against the drain that follows it: had it waited, it would have started once
+/// every try ahead of it was gone and the capacity freed since — what the admission has free, plus what
+/// it granted to tries that came after it, which first come, first served would have given it first —
+/// covered its own.
+#[derive(Debug, Clone, Copy)]
+struct Replay {
+    /// The request it was a try of.
+    request: u64,
+    /// When it had to start (its start deadline).
+    start_by: u64,
+    /// Its KV units in the admission.
+    kv: u64,
+    /// Slots and KV units granted since to tries that came after it.
+    granted: u64,
+    granted_kv: u64,
 }
 
 /// Records a woken waiter's key.
@@ -182,7 +217,14 @@ struct Tally {
     scripted: ClassReport,
     ttft: Vec<f64>,
     e2e: Vec<f64>,
-    tenant_tokens: BTreeMap<u64, u64>,
+    tenants: BTreeMap<u64, TenantReport>,
+    deadlines: DeadlineReport,
+    /// Shed tries not yet replayed, by try number.
+    shed_pending: BTreeMap<u64, Replay>,
+    /// Requests with a shed try that replayed in time, and requests with a deadline that ended without
+    /// a grant (their intersection is `DeadlineReport::lost_in_time`).
+    shed_in_time_requests: BTreeSet<u64>,
+    never_admitted: BTreeSet<u64>,
     series: TimeSeries,
     interval_ttft: Vec<f64>,
     interval_good: u64,
@@ -216,6 +258,7 @@ pub(crate) fn run(
         stepping: false,
         engine_events: Vec::new(),
         max_wait: gate.max_wait().map(nanos),
+        allowance: gate.deadline_shedding().map(nanos),
         control_every: gate.control_interval().filter(|d| !d.is_zero()).map(nanos),
         gate,
         work_rng: SplitMix64::new(scenario.seed ^ WORKLOAD_STREAM),
@@ -255,6 +298,8 @@ struct Lab<'s> {
     engine_events: Vec<EngineEvent>,
     gate: Box<dyn Gate>,
     max_wait: Option<u64>,
+    /// The gate's allowance when it sheds by deadline.
+    allowance: Option<u64>,
     control_every: Option<u64>,
     work_rng: SplitMix64,
     client_rng: SplitMix64,
@@ -329,11 +374,15 @@ impl Lab<'_> {
                 }
             }
         }
-        if let Some(heavy) = self.scenario.workload.heavy_user {
-            let start = nanos(heavy.start);
+        let workload = &self.scenario.workload;
+        let heavy = workload.heavy_user.iter().map(|heavy| (Source::Heavy, *heavy));
+        let scripts = workload.scripts.iter().enumerate().map(|(i, script)| (Source::Script(i as u32), *script));
+        let starts: Vec<_> =
+            heavy.chain(scripts).map(|(source, user)| (source, nanos(user.start), user.streams)).collect();
+        for (source, start, streams) in starts {
             if start < self.arrivals_end {
-                for _ in 0..heavy.streams {
-                    self.push(start, EventKind::UserArrival(Source::Script));
+                for _ in 0..streams {
+                    self.push(start, EventKind::UserArrival(source));
                 }
             }
         }
@@ -362,8 +411,15 @@ impl Lab<'_> {
     /// A new request from `source`, and its first try.
     fn arrive(&mut self, source: Source) {
         let workload = &self.scenario.workload;
-        let (tenant, human, prompt_dist, output_dist) = match (source, workload.heavy_user) {
-            (Source::Script, Some(heavy)) => (SCRIPT_TENANT, false, heavy.prompt_tokens, heavy.output_tokens),
+        let script = match source {
+            Source::Heavy => workload.heavy_user.map(|user| (HEAVY_USER_TENANT, user)),
+            Source::Script(i) => {
+                workload.scripts.get(i as usize).map(|user| (Workload::script_tenant(i as usize), *user))
+            }
+            Source::Poisson | Source::Employee(_) => None,
+        };
+        let (tenant, human, prompt_dist, output_dist) = match (source, script) {
+            (_, Some((tenant, user))) => (tenant, false, user.prompt_tokens, user.output_tokens),
             (Source::Employee(employee), _) => {
                 let (prompt, output) = workload.lengths_at(Duration::from_nanos(self.now));
                 (u64::from(employee), true, prompt, output)
@@ -379,7 +435,9 @@ impl Lab<'_> {
         };
         let prompt = prompt_dist.sample(&mut self.work_rng);
         let output = output_dist.sample(&mut self.work_rng).min(workload.max_new_tokens);
+        let deadline = workload.ttft_deadline.filter(|_| human).map(|d| self.now.saturating_add(nanos(d)));
         let live = Live {
+            id: self.tally.arrived,
             source,
             tenant,
             human,
@@ -390,6 +448,12 @@ impl Lab<'_> {
             first_token: None,
             entered: 0,
             phase: Phase::Backoff,
+            deadline,
+            try_number: 0,
+            wait_until: None,
+            start_by: None,
+            admitted: false,
+            judged: false,
         };
         let slot = match self.free.pop() {
             Some(slot) => slot,
@@ -402,7 +466,7 @@ impl Lab<'_> {
         self.live += 1;
         self.tally.arrived += 1;
         self.class(human).arrived += 1;
-        self.tally.tenant_tokens.entry(tenant).or_insert(0);
+        self.tally.tenants.entry(tenant).or_insert(TenantReport { tenant, ..TenantReport::default() });
         self.start_try(slot);
     }
 
@@ -419,36 +483,109 @@ impl Lab<'_> {
 
     fn start_try(&mut self, slot: u32) {
         let key = self.next_epoch(slot);
-        let max_new = self.scenario.workload.max_new_tokens;
+        let (now, max_new, max_wait, allowance) =
+            (self.now, self.scenario.workload.max_new_tokens, self.max_wait, self.allowance);
+        let try_number = self.tally.tries;
         let Some(live) = self.live_at(key) else { return };
         live.tries += 1;
-        let request = Request::new(live.prompt, max_new).tenant(live.tenant);
+        let mut request = Request::new(live.prompt, max_new).tenant(live.tenant);
+        // What is left of the deadline; the gate passes it on less its allowance, or ignores it.
+        if let Some(deadline) = live.deadline {
+            request = request.ttft_deadline(Duration::from_nanos(deadline.saturating_sub(now)));
+        }
+        live.try_number = try_number;
+        live.start_by = allowance.zip(live.deadline).map(|(allowance, deadline)| deadline.saturating_sub(allowance));
+        live.wait_until = [max_wait.map(|w| now.saturating_add(w)), live.start_by].into_iter().flatten().min();
+        let wait_until = live.wait_until;
         let give_up = live.first_try.saturating_add(nanos(self.client.give_up_after));
         self.tally.tries += 1;
         let timeout = self.now.saturating_add(nanos(self.client.first_token_timeout)).min(give_up);
         self.push(timeout, EventKind::ClientTimeout(key));
+        let shed_before = self.shed_count();
         match self.gate.enter(&request) {
             Entry::Pass(permit) => self.enter_engine(key, permit),
-            Entry::Refuse(rejection) => self.try_failed(
-                key,
-                TryEnd::Refused { hint: rejection.retry_after(), retryable: rejection.is_retryable() },
-            ),
+            Entry::Refuse(rejection) => {
+                if self.shed_count() > shed_before {
+                    self.deadline_shed(key);
+                }
+                self.try_failed(
+                    key,
+                    TryEnd::Refused { hint: rejection.retry_after(), retryable: rejection.is_retryable() },
+                );
+            }
             Entry::Wait(admit) => {
                 if let Some(live) = self.live_at(key) {
                     live.phase = Phase::Waiting(admit);
                 }
                 self.poll_waiting(key);
                 let still_waiting = matches!(self.live_at(key), Some(Live { phase: Phase::Waiting(_), .. }));
-                if let (true, Some(wait)) = (still_waiting, self.max_wait) {
-                    self.push(self.now.saturating_add(wait), EventKind::WaitDeadline(key));
+                if let (true, Some(at)) = (still_waiting, wait_until) {
+                    self.push(at.max(self.now), EventKind::WaitDeadline(key));
                 }
             }
         }
     }
 
+    /// The gate shed the try of `key` by its deadline (at once, or ended its wait early): counted, and
+    /// kept for the replay against the drain that follows (see [`DeadlineReport`]).
+    fn deadline_shed(&mut self, key: Key) {
+        let max_new = self.scenario.workload.max_new_tokens;
+        let Some(live) = self.live_at(key) else { return };
+        let (request, try_number, start_by, prompt) = (live.id, live.try_number, live.start_by, live.prompt);
+        self.tally.deadlines.shed += 1;
+        let kv = self.gate.admission().map_or(0, |a| a.kv_cost(&Request::new(prompt, max_new)));
+        if let Some(start_by) = start_by {
+            self.tally.shed_pending.insert(try_number, Replay { request, start_by, kv, granted: 0, granted_kv: 0 });
+        }
+    }
+
+    /// Requests the gate's admission shed by deadline so far.
+    fn shed_count(&self) -> u64 {
+        self.gate.admission().map_or(0, |a| a.snapshot().shed)
+    }
+
+    /// A try of `try_number` needing `kv` units was granted: every shed try that entered before it was
+    /// ahead of it, and would have started by now had it waited if the capacity free and what was
+    /// granted to later tries cover its own. A replayed try that did not start by its start deadline
+    /// would have missed it.
+    fn replay_shed(&mut self, try_number: u64, kv: u64) {
+        let tally = &mut self.tally;
+        if tally.shed_pending.first_key_value().is_none_or(|(&first, _)| first >= try_number) {
+            return;
+        }
+        let Some(snapshot) = self.gate.admission().map(|a| a.snapshot()) else { return };
+        let free_slots = snapshot.max_in_flight.saturating_sub(snapshot.in_flight) as u64;
+        let free_kv = snapshot.kv_capacity.saturating_sub(snapshot.kv_used);
+        let now = self.now;
+        let mut ended = Vec::new();
+        // What the shed tries replayed to a start at this grant take, first come, first served: a later
+        // shed try gets only what the earlier ones left.
+        let (mut taken_slots, mut taken_kv) = (0u64, 0u64);
+        for (&number, replay) in tally.shed_pending.range_mut(..try_number) {
+            replay.granted += 1;
+            replay.granted_kv = replay.granted_kv.saturating_add(kv);
+            let started = free_slots + replay.granted > taken_slots
+                && free_kv.saturating_add(replay.granted_kv) >= taken_kv.saturating_add(replay.kv);
+            if started {
+                taken_slots += 1;
+                taken_kv = taken_kv.saturating_add(replay.kv);
+            }
+            if started || now > replay.start_by {
+                if started && now <= replay.start_by {
+                    tally.deadlines.shed_in_time += 1;
+                    tally.shed_in_time_requests.insert(replay.request);
+                }
+                ended.push(number);
+            }
+        }
+        for number in ended {
+            tally.shed_pending.remove(&number);
+        }
+    }
+
     /// Polls a waiting try; hands a grant to the engine, a refusal to the client.
     fn poll_waiting(&mut self, key: Key) {
-        let woken = Arc::clone(&self.woken);
+        let (woken, now, shed_before) = (Arc::clone(&self.woken), self.now, self.shed_count());
         let Some(live) = self.live_at(key) else { return };
         let Phase::Waiting(admit) = &mut live.phase else { return };
         let waker = Waker::from(Arc::new(TagWaker { tag: key.tag(), woken }));
@@ -457,12 +594,29 @@ impl Lab<'_> {
             Poll::Ready(result) => result,
         };
         live.phase = Phase::Backoff;
+        // A wait ended before its own deadlines: the admission saw it could no longer start in time (the
+        // shed count moved when the gate let it go, in `control`).
+        let left_early = matches!(result, Err(Rejection::TimedOut))
+            && live.start_by.is_some()
+            && live.wait_until.is_some_and(|until| now < until);
+        // A wait that reached its start deadline: predicted to start in time when it queued, it did not.
+        let expired = matches!(result, Err(Rejection::TimedOut))
+            && live.start_by.is_some_and(|by| now >= by)
+            && live.wait_until == live.start_by;
         match result {
             Ok(permit) => self.enter_engine(key, Some(permit)),
-            Err(rejection) => self.try_failed(
-                key,
-                TryEnd::Refused { hint: rejection.retry_after(), retryable: rejection.is_retryable() },
-            ),
+            Err(rejection) => {
+                // Refused on entering the queue, predicted to miss its start deadline.
+                let shed_at_once = matches!(rejection, Rejection::NoCapacity { .. }) && self.shed_count() > shed_before;
+                if left_early || shed_at_once {
+                    self.deadline_shed(key);
+                }
+                self.tally.deadlines.expired += u64::from(expired);
+                self.try_failed(
+                    key,
+                    TryEnd::Refused { hint: rejection.retry_after(), retryable: rejection.is_retryable() },
+                );
+            }
         }
     }
 
@@ -473,9 +627,17 @@ impl Lab<'_> {
         let (prompt, output) = (live.prompt, live.output);
         match self.engine.submit(key.tag(), prompt, max_new, output) {
             Ok(seq) => {
-                if let Some(live) = self.live_at(key) {
-                    live.entered = now;
-                    live.phase = Phase::Engine { seq, permit };
+                let Some(live) = self.live_at(key) else { return };
+                live.entered = now;
+                live.phase = Phase::Engine { seq, permit };
+                let try_number = live.try_number;
+                if live.deadline.is_some() && !live.admitted {
+                    live.admitted = true;
+                    self.tally.deadlines.admitted += 1;
+                }
+                if !self.tally.shed_pending.is_empty() {
+                    let kv = self.gate.admission().map_or(0, |a| a.kv_cost(&Request::new(prompt, max_new)));
+                    self.replay_shed(try_number, kv);
                 }
             }
             Err(refusal) => {
@@ -493,7 +655,13 @@ impl Lab<'_> {
             return;
         }
         let (prompt, entered) = (live.prompt, live.entered);
-        match std::mem::replace(&mut live.phase, Phase::Backoff) {
+        let phase = std::mem::replace(&mut live.phase, Phase::Backoff);
+        if matches!(phase, Phase::Engine { .. }) && live.admitted && !live.judged {
+            // Admitted, but no first token before the client gave up: a miss.
+            live.judged = true;
+            self.tally.deadlines.missed += 1;
+        }
+        match phase {
             Phase::Backoff => {}
             Phase::Waiting(admit) => drop(admit),
             Phase::Engine { seq, permit } => {
@@ -515,7 +683,9 @@ impl Lab<'_> {
         let Some(live) = self.slots[key.slot as usize].live.as_mut() else { return };
         live.phase = Phase::Backoff;
         let tries = live.tries;
-        let give_up = live.first_try.saturating_add(nanos(self.client.give_up_after));
+        // No try starts after the user gave up, nor after the request's deadline passed.
+        let give_up =
+            live.first_try.saturating_add(nanos(self.client.give_up_after)).min(live.deadline.unwrap_or(u64::MAX));
         let (hint, retryable) = match end {
             TryEnd::Refused { hint, retryable } => (hint, retryable),
             TryEnd::TimedOut => (None, true),
@@ -547,6 +717,15 @@ impl Lab<'_> {
                     if let Some(live) = self.live_at(Key::from_tag(tag)) {
                         let (first_try, prompt, entered) = (live.first_try, live.prompt, live.entered);
                         live.first_token.get_or_insert(now);
+                        if let (Some(deadline), true, false) = (live.deadline, live.admitted, live.judged) {
+                            live.judged = true;
+                            let deadlines = &mut self.tally.deadlines;
+                            if now <= deadline {
+                                deadlines.met += 1;
+                            } else {
+                                deadlines.missed += 1;
+                            }
+                        }
                         self.tally.interval_ttft.push(secs(now - first_try));
                         self.gate.served(&Observation::FirstToken {
                             prompt_tokens: prompt,
@@ -571,7 +750,7 @@ impl Lab<'_> {
         let first_token = live.first_token.unwrap_or(now);
         let ttft = first_token - live.first_try;
         let e2e = now - live.first_try;
-        let (human, tenant) = (live.human, live.tenant);
+        let (human, tenant, prompt) = (live.human, live.tenant, live.prompt);
         let good = ttft <= nanos(slo.ttft) && e2e <= nanos(slo.e2e);
         self.gate.served(&Observation::Finished {
             output_tokens,
@@ -584,7 +763,10 @@ impl Lab<'_> {
         tally.interval_good += u64::from(good);
         tally.ttft.push(secs(ttft));
         tally.e2e.push(secs(e2e));
-        *tally.tenant_tokens.entry(tenant).or_insert(0) += u64::from(output_tokens);
+        let served = tally.tenants.entry(tenant).or_insert(TenantReport { tenant, ..TenantReport::default() });
+        served.completed += 1;
+        served.prompt_tokens += u64::from(prompt);
+        served.output_tokens += u64::from(output_tokens);
         let class = self.class(human);
         class.completed += 1;
         class.good += u64::from(good);
@@ -599,6 +781,10 @@ impl Lab<'_> {
         self.free.push(slot);
         self.live -= 1;
         let tally = &mut self.tally;
+        if live.deadline.is_some() && !live.admitted {
+            tally.deadlines.never_admitted += 1;
+            tally.never_admitted.insert(live.id);
+        }
         tally.finished_tries += u64::from(live.tries);
         let bucket = live.tries.max(1) as usize - 1;
         if tally.tries_histogram.len() <= bucket {
@@ -609,7 +795,7 @@ impl Lab<'_> {
             Source::Poisson => return,
             // A script's loop takes at least a network round trip per request, so a request refused at once
             // (too large, say) cannot make it spin at one instant of virtual time.
-            Source::Script => self.now.saturating_add(SCRIPT_MIN_GAP_NANOS),
+            Source::Heavy | Source::Script(_) => self.now.saturating_add(SCRIPT_MIN_GAP_NANOS),
             Source::Employee(_) => match self.scenario.workload.arrivals {
                 Arrivals::Employees { think_time, .. } => {
                     self.now.saturating_add(dist::exponential(&mut self.work_rng, think_time.as_nanos() as f64) as u64)
@@ -692,7 +878,8 @@ impl Lab<'_> {
             class.goodput = class.good as f64 / duration;
         }
         let finished = tally.completed + tally.failed.total();
-        let shares: Vec<f64> = tally.tenant_tokens.values().map(|&t| t as f64).collect();
+        tally.deadlines.lost_in_time = tally.never_admitted.intersection(&tally.shed_in_time_requests).count() as u64;
+        let shares: Vec<f64> = tally.tenants.values().map(|t| t.output_tokens as f64).collect();
         let tally = std::mem::take(&mut self.tally);
         Report {
             scenario: self.scenario.name.clone(),
@@ -713,6 +900,8 @@ impl Lab<'_> {
             peak_kv_percent: 100.0 * status.peak_kv_bytes as f64 / status.kv_pool_bytes as f64,
             peak_running: status.peak_running,
             fairness: jain_index(&shares),
+            tenants: tally.tenants.into_values().collect(),
+            deadlines: tally.deadlines,
             humans: tally.humans,
             scripted: tally.scripted,
             series: tally.series,

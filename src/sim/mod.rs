@@ -82,8 +82,8 @@ pub use engine::{
 pub use gate::{AdmissionGate, Entry, Gate, GateContext, NoGate};
 pub use planner::{Candidate, PlanRequest, Recommendation, plan};
 pub use policy_gate::{FeedbackSetup, PolicyGate};
-pub use report::{ClassReport, Failures, Percentiles, Report, TimeSeries, jain_index};
+pub use report::{ClassReport, DeadlineReport, Failures, Percentiles, Report, TenantReport, TimeSeries, jain_index};
 pub use roofline::{DEFAULT_COMPUTE_EFFICIENCY, Hardware, Roofline};
 pub use scenario::{Scenario, Slo};
 pub use spec::{AdmissionSpec, GateSpec, Pricing};
-pub use workload::{Arrivals, HeavyUser, MixShift, PoissonArrivals, Profile, Workload};
+pub use workload::{Arrivals, HEAVY_USER_TENANT, HeavyUser, MixShift, PoissonArrivals, Profile, Workload};

@@ -10,10 +10,10 @@
 
 use super::engine::EngineStatus;
 use super::gate::{AdmissionGate, Entry, Gate};
-use crate::Request;
 use crate::adaptive::{AdaptiveConcurrency, Observation};
 use crate::clock::ManualClock;
 use crate::feedback::{EngineFeedback, EngineMetrics, FeedbackConfig};
+use crate::{Admission, Request};
 use std::time::Duration;
 
 /// Engine feedback in the lab: the corrector's settings and how often the engine is scraped.
@@ -86,14 +86,16 @@ impl Gate for PolicyGate {
     fn control_interval(&self) -> Option<Duration> {
         let adaptive = self.adaptive.as_ref().map(|c| c.config().interval);
         let feedback = self.feedback.as_ref().map(|(_, every)| *every);
-        let shortest = match (adaptive, feedback) {
-            (Some(a), Some(f)) => a.min(f),
-            (a, f) => a.or(f)?,
-        };
-        Some((shortest / CONTROL_DIVISOR).max(Duration::from_millis(1)))
+        let own = [adaptive, feedback]
+            .into_iter()
+            .flatten()
+            .min()
+            .map(|d| (d / CONTROL_DIVISOR).max(Duration::from_millis(1)));
+        [own, self.gate.control_interval()].into_iter().flatten().min()
     }
 
     fn control(&mut self, now: Duration, engine: &EngineStatus) {
+        self.gate.control(now, engine);
         if let Some(controller) = &mut self.adaptive {
             controller.tick(now);
         }
@@ -115,5 +117,13 @@ impl Gate for PolicyGate {
 
     fn kv_budget(&self) -> Option<u64> {
         self.gate.kv_budget()
+    }
+
+    fn admission(&self) -> Option<&Admission<ManualClock>> {
+        self.gate.admission()
+    }
+
+    fn deadline_shedding(&self) -> Option<Duration> {
+        self.gate.deadline_shedding()
     }
 }

@@ -82,6 +82,75 @@ pub struct ClassReport {
     pub tokens: u64,
 }
 
+/// What one tenant was served: its completed requests and their tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TenantReport {
+    /// The lab's tenant number: employees `0..count`, scripted users
+    /// [`Workload::script_tenant`](super::Workload::script_tenant).
+    pub tenant: u64,
+    /// Requests completed.
+    pub completed: u64,
+    /// Prompt tokens of the completed requests.
+    pub prompt_tokens: u64,
+    /// Tokens generated for the completed requests.
+    pub output_tokens: u64,
+}
+
+impl TenantReport {
+    /// The tokens served, each prompt token counted `prompt_weight` times and each output token
+    /// `output_weight` times (the weights of [`Fairness::Tokens`](crate::Fairness::Tokens)).
+    pub fn served(&self, prompt_weight: u32, output_weight: u32) -> u64 {
+        self.prompt_tokens * u64::from(prompt_weight) + self.output_tokens * u64::from(output_weight)
+    }
+}
+
+/// How requests carrying a TTFT deadline ([`Workload::ttft_deadline`](super::Workload::ttft_deadline))
+/// fared, counted both ways: admitted but late, and refused although they would have made it.
+///
+/// # The counterfactual
+/// A try refused at once because it was predicted to miss its start deadline, or ended while waiting
+/// for that reason, is *shed*. Had it waited instead, the admission's waiting room (one class, no
+/// tenants: first come, first served) would have granted it before any try that came after it. So the
+/// lab replays it against the drain it actually saw: its counterfactual start is the first grant, after
+/// it was shed, to a try that entered the gate after it at which the admission's free capacity plus what
+/// it granted to such later tries since covers the shed try's own (a slot and its KV units). A shed try whose counterfactual start fell
+/// within its start deadline is counted in [`shed_in_time`](Self::shed_in_time) — refused although it
+/// would have started in time. The replay estimates, it does not re-run: it counts the capacity granted
+/// to later tries as if none of it had been returned since, and a shed try replayed to a start holds
+/// its capacity against the shed tries behind it only at that one grant; both err toward counting a
+/// shed try in time, so `shed_in_time` is an upper
+/// estimate of the prediction's misses this way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DeadlineReport {
+    /// Tries granted (entered the engine) of requests carrying a deadline.
+    pub admitted: u64,
+    /// Of those, tries whose first token came within the request's deadline (from its first try).
+    pub met: u64,
+    /// Of those, tries whose first token came later, or never.
+    pub missed: u64,
+    /// Tries the gate shed by their deadline: refused at once or ended while waiting because the
+    /// admission predicted they would not start in time.
+    pub shed: u64,
+    /// Shed tries that, replayed against the lab's actual drain, would have started within their start
+    /// deadline (see the type's documentation).
+    pub shed_in_time: u64,
+    /// Tries that queued, predicted to start in time, and reached their start deadline without starting
+    /// (the prediction's miss the other way).
+    pub expired: u64,
+    /// Requests carrying a deadline that failed without a try granted.
+    pub never_admitted: u64,
+    /// Of those, requests with a shed try that replayed in time: requests lost to a pessimistic
+    /// prediction (a shed try that replays in time costs nothing when a retry of it is served in time).
+    pub lost_in_time: u64,
+}
+
+impl DeadlineReport {
+    /// Share of admitted tries that met their deadline (1.0 when none was admitted).
+    pub fn met_ratio(&self) -> f64 {
+        if self.admitted == 0 { 1.0 } else { self.met as f64 / self.admitted as f64 }
+    }
+}
+
 /// Why requests failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Failures {
@@ -165,6 +234,10 @@ pub struct Report {
     pub peak_running: usize,
     /// Jain's index over tenants' generated tokens.
     pub fairness: f64,
+    /// What each tenant that sent anything was served, by tenant number.
+    pub tenants: Vec<TenantReport>,
+    /// How requests carrying a TTFT deadline fared (all zero without deadlines).
+    pub deadlines: DeadlineReport,
     /// The employees' requests.
     pub humans: ClassReport,
     /// The scripted heavy user's requests.

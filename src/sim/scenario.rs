@@ -7,7 +7,7 @@ use super::gate::{Gate, GateContext};
 use super::lab;
 use super::report::Report;
 use super::spec::GateSpec;
-use super::workload::{Arrivals, MixShift, Profile, Workload};
+use super::workload::{Arrivals, HeavyUser, MixShift, Profile, Workload};
 use crate::adaptive::AdaptiveConfig;
 use crate::error::ConfigError;
 use crate::kv::GpuPlan;
@@ -163,6 +163,57 @@ impl Scenario {
             tenants: 200,
         };
         scenario.name = format!("chats then documents {factor}x");
+        Ok(scenario)
+    }
+
+    /// Tenants that are never idle: each of `scripts` keeps its streams busy for `duration`
+    /// ([`Workload::scripted`]; `scripts[i]` is tenant [`Workload::script_tenant`]`(i)`), with clients
+    /// that wait as long as it takes (a batch job does not give up), and no drain, so that what each
+    /// tenant was served ([`Report::tenants`]) is what it got while all of them were backlogged.
+    /// `max_tokens` is 512.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] for an empty `scripts` or a script with no streams or a bad length.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use kvgate::Fairness;
+    /// use kvgate::kv::{GpuPlan, KvDtype, ModelSpec};
+    /// use kvgate::sim::{EngineConfig, GateSpec, HeavyUser, Scenario, Workload, jain_index};
+    /// use std::time::Duration;
+    ///
+    /// let plan = GpuPlan::builder(ModelSpec::preset("llama-3.1-8b")?).gpu("h100-80").build()?;
+    /// let engine = EngineConfig::for_plan(&plan, KvDtype::Bf16)?;
+    /// let questions = HeavyUser::fixed(256, 200, 20);
+    /// let documents = HeavyUser::fixed(256, 4000, 400); // 20 times the size
+    /// let mut scenario =
+    ///     Scenario::backlogged_tenants(plan, engine, vec![questions, documents], Duration::from_secs(120))?;
+    /// scenario.gate = GateSpec::kv_fairness(Fairness::tokens(), 1024, Duration::from_secs(3600));
+    /// let report = scenario.run()?;
+    /// let served: Vec<f64> = report.tenants.iter().map(|t| t.served(1, 2) as f64).collect();
+    /// assert!(jain_index(&served) > 0.95); // by request count it would be about 0.55
+    /// # Ok::<(), kvgate::ConfigError>(())
+    /// ```
+    pub fn backlogged_tenants(
+        plan: GpuPlan,
+        engine: EngineConfig,
+        scripts: Vec<HeavyUser>,
+        duration: Duration,
+    ) -> Result<Self, ConfigError> {
+        if scripts.is_empty() {
+            return Err(ConfigError::Zero { what: "backlogged tenants (scripts)" });
+        }
+        let mut workload = Workload::scripted(scripts);
+        workload.max_new_tokens = 512;
+        workload.validate()?;
+        let mut scenario = Scenario::new(plan, engine, workload);
+        scenario.name = format!("{} backlogged tenants", scenario.workload.scripts.len());
+        scenario.duration = duration;
+        scenario.drain = Duration::ZERO;
+        scenario.client.first_token_timeout = duration.max(Duration::from_secs(1));
+        scenario.client.give_up_after = duration.max(Duration::from_secs(1));
         Ok(scenario)
     }
 

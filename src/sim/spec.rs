@@ -11,7 +11,7 @@ use super::policy_gate::{FeedbackSetup, PolicyGate};
 use crate::adaptive::{AdaptiveConcurrency, AdaptiveConfig};
 use crate::error::ConfigError;
 use crate::feedback::EngineFeedback;
-use crate::{Admission, Reservation, TenantLimits};
+use crate::{Admission, Fairness, Reservation, TenantLimits};
 use std::time::Duration;
 
 /// What an [`Admission`] gate counts against its budget.
@@ -54,6 +54,19 @@ pub struct AdmissionSpec {
     /// [`EngineFeedback`] correcting the KV budget from the engine's metrics (with [`Pricing::KvBytes`]);
     /// `None`: the budget is static.
     pub feedback: Option<FeedbackSetup>,
+    /// How waiting tenants share the server ([`Fairness::Requests`] by default; [`Fairness::Tokens`]
+    /// charges them the tokens they are served). Matters with `wait` and `tenants`.
+    pub fairness: Fairness,
+    /// Limits of named tenants instead of `tenants` (a weight, say), by the lab's tenant number:
+    /// employees are `0..count`, scripted users [`Workload::script_tenant`](super::Workload::script_tenant).
+    /// Turns tenants on (with default limits for the others) if `tenants` is `None`.
+    pub tenant_limits: Vec<(u64, TenantLimits)>,
+    /// Deadline-aware shedding: the gate passes each request's TTFT deadline
+    /// ([`Workload::ttft_deadline`](super::Workload::ttft_deadline)) on to the admission as its start
+    /// deadline ([`Request::ttft_deadline`](crate::Request::ttft_deadline)), less this allowance for the
+    /// engine's own time to the first token (its prefill); a request predicted to miss it is refused at
+    /// once, a waiter leaves once it can no longer make it. `None`: the gate ignores deadlines.
+    pub deadline_shedding: Option<Duration>,
 }
 
 impl AdmissionSpec {
@@ -79,6 +92,9 @@ impl AdmissionSpec {
             kv_budget_factor: 1.0,
             adaptive: None,
             feedback: None,
+            fairness: Fairness::Requests,
+            tenant_limits: Vec::new(),
+            deadline_shedding: None,
         }
     }
 
@@ -178,6 +194,54 @@ impl GateSpec {
                 GateSpec::Admission(spec) => *spec,
                 GateSpec::None => unreachable!("kv_admit builds an admission spec"),
             }
+        }))
+    }
+
+    /// [`kv_tenants`](Self::kv_tenants) with default tenant limits and waiting tenants served by
+    /// `fairness`: by requests (weighted round-robin) or by the tokens they are served.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use kvgate::Fairness;
+    /// use kvgate::sim::GateSpec;
+    /// use std::time::Duration;
+    ///
+    /// let gate = GateSpec::kv_fairness(Fairness::tokens(), 1024, Duration::from_secs(60));
+    /// assert_eq!(gate.label(), "KV + token fairness");
+    /// ```
+    pub fn kv_fairness(fairness: Fairness, queue: usize, max_wait: Duration) -> Self {
+        let GateSpec::Admission(spec) = Self::kv_tenants(queue, max_wait, TenantLimits::new()) else {
+            unreachable!("kv_tenants builds an admission spec")
+        };
+        let label = match fairness {
+            Fairness::Requests => "KV + request fairness",
+            Fairness::Tokens { .. } => "KV + token fairness",
+        };
+        GateSpec::Admission(Box::new(AdmissionSpec { label: label.into(), fairness, ..*spec }))
+    }
+
+    /// [`kv_admit`](Self::kv_admit) with deadline-aware shedding: each request's TTFT deadline, less
+    /// `allowance` for the engine's prefill, is its start deadline in the admission (see
+    /// [`AdmissionSpec::deadline_shedding`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use kvgate::sim::GateSpec;
+    /// use std::time::Duration;
+    ///
+    /// let gate = GateSpec::kv_deadlines(256, Duration::from_secs(2), Duration::from_millis(250));
+    /// assert_eq!(gate.label(), "kvgate admit + deadline shedding");
+    /// ```
+    pub fn kv_deadlines(queue: usize, max_wait: Duration, allowance: Duration) -> Self {
+        let GateSpec::Admission(spec) = Self::kv_admit(None, queue, max_wait) else {
+            unreachable!("kv_admit builds an admission spec")
+        };
+        GateSpec::Admission(Box::new(AdmissionSpec {
+            label: "kvgate admit + deadline shedding".into(),
+            deadline_shedding: Some(allowance),
+            ..*spec
         }))
     }
 
@@ -285,9 +349,12 @@ impl GateSpec {
         if let Some((rate, burst)) = spec.request_rate {
             builder = builder.request_rate(rate, burst);
         }
-        builder = builder.reservation(spec.reservation);
+        builder = builder.reservation(spec.reservation).fairness(spec.fairness);
         if let Some(limits) = &spec.tenants {
             builder = builder.tenant_defaults(limits.clone());
+        }
+        for (tenant, limits) in &spec.tenant_limits {
+            builder = builder.tenant_limits(*tenant, limits.clone());
         }
         let max_wait = if spec.wait { spec.max_wait } else { None };
         let admission = builder.build()?;
@@ -299,7 +366,8 @@ impl GateSpec {
             Some(setup) => Some((EngineFeedback::new(admission.clone(), setup.config.clone())?, setup.every)),
             None => None,
         };
-        let gate = AdmissionGate::new(spec.label.clone(), admission, spec.wait, max_wait);
+        let gate = AdmissionGate::new(spec.label.clone(), admission, spec.wait, max_wait)
+            .with_deadline_shedding(spec.deadline_shedding);
         if adaptive.is_none() && feedback.is_none() {
             return Ok(Box::new(gate));
         }

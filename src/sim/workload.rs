@@ -169,6 +169,10 @@ pub enum Arrivals {
     },
 }
 
+/// The tenant of the workload's [`heavy_user`](Workload::heavy_user) (employees are tenants
+/// `0..count`; the further [`scripts`](Workload::scripts) are [`Workload::script_tenant`]).
+pub const HEAVY_USER_TENANT: u64 = u64::MAX / 2;
+
 /// A scripted heavy user: one tenant keeping `streams` requests in flight back to back.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct HeavyUser {
@@ -193,6 +197,33 @@ impl HeavyUser {
             prompt_tokens: LengthDist::LogNormal { median: 3000.0, sigma: 0.5, min: 16, max: 12_000 },
             output_tokens: LengthDist::LogNormal { median: 600.0, sigma: 0.5, min: 8, max: 4096 },
         }
+    }
+
+    /// A script with `streams` workers from the start, every request `prompt` tokens in and `output` out.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use kvgate::sim::{HeavyUser, LengthDist};
+    ///
+    /// let documents = HeavyUser::fixed(64, 4000, 400);
+    /// assert_eq!((documents.prompt_tokens, documents.output_tokens), (LengthDist::Fixed(4000), LengthDist::Fixed(400)));
+    /// ```
+    pub fn fixed(streams: u32, prompt: u32, output: u32) -> Self {
+        Self {
+            streams,
+            start: Duration::ZERO,
+            prompt_tokens: LengthDist::Fixed(prompt),
+            output_tokens: LengthDist::Fixed(output),
+        }
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.streams == 0 {
+            return Err(ConfigError::Zero { what: "heavy user streams" });
+        }
+        self.prompt_tokens.validate("heavy user prompt length distribution")?;
+        self.output_tokens.validate("heavy user output length distribution")
     }
 }
 
@@ -284,6 +315,14 @@ pub struct Workload {
     pub heavy_user: Option<HeavyUser>,
     /// An optional change of the employees' request lengths during the run.
     pub shift: Option<MixShift>,
+    /// Further scripted users, each its own tenant ([`Workload::script_tenant`]): backlogged tenants
+    /// whose requests differ in size, for judging fairness between them.
+    pub scripts: Vec<HeavyUser>,
+    /// A deadline for the first token that every employee's request carries (a gateway's header or
+    /// default), counted from its first try: each try tells the gate what is left of it
+    /// ([`Request::ttft_deadline`](crate::Request::ttft_deadline), which a gate passes on or ignores), and
+    /// the client starts no try once it has passed. `None`: requests carry none.
+    pub ttft_deadline: Option<Duration>,
 }
 
 impl Workload {
@@ -296,7 +335,36 @@ impl Workload {
             max_new_tokens: 1024,
             heavy_user: None,
             shift: None,
+            scripts: Vec::new(),
+            ttft_deadline: None,
         }
+    }
+
+    /// Scripted users only, no employees: each of `scripts` is a tenant keeping its streams busy
+    /// ([`Workload::script_tenant`] is the tenant of `scripts[i]`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use kvgate::sim::{HeavyUser, Workload};
+    ///
+    /// // Two backlogged tenants: short questions, and documents 20 times their size.
+    /// let workload = Workload::scripted(vec![HeavyUser::fixed(256, 200, 20), HeavyUser::fixed(256, 4000, 400)]);
+    /// workload.validate()?;
+    /// assert_ne!(Workload::script_tenant(0), Workload::script_tenant(1));
+    /// # Ok::<(), kvgate::ConfigError>(())
+    /// ```
+    pub fn scripted(scripts: Vec<HeavyUser>) -> Self {
+        Self {
+            scripts,
+            ..Self::chat(Arrivals::Employees { count: 0, think_time: Duration::from_secs(60), profile: Profile::Flat })
+        }
+    }
+
+    /// The tenant of `scripts[index]`: distinct from the employees' (`0..count`) and the heavy user's
+    /// ([`HEAVY_USER_TENANT`]).
+    pub const fn script_tenant(index: usize) -> u64 {
+        HEAVY_USER_TENANT + 1 + index as u64
     }
 
     /// `count` employees thinking 60 s on average, arriving at work in a rush that peaks at `peak_at`
@@ -313,8 +381,9 @@ impl Workload {
     ///
     /// # Errors
     ///
-    /// [`ConfigError`] naming the bad value: a rate that is not finite and positive, zero employees or
-    /// tenants, zero heavy-user streams, a `max_new_tokens` of 0, a bad length distribution or profile.
+    /// [`ConfigError`] naming the bad value: a rate that is not finite and positive, zero employees (with
+    /// no scripted user either) or zero tenants, zero heavy-user streams, a `max_new_tokens` of 0, a bad
+    /// length distribution or profile, a zero TTFT deadline.
     pub fn validate(&self) -> Result<(), ConfigError> {
         match self.arrivals {
             Arrivals::Poisson { rate, profile, tenants } => {
@@ -325,7 +394,7 @@ impl Workload {
                 }
             }
             Arrivals::Employees { count, profile, .. } => {
-                if count == 0 {
+                if count == 0 && self.heavy_user.is_none() && self.scripts.is_empty() {
                     return Err(ConfigError::Zero { what: "employees" });
                 }
                 profile.validate()?;
@@ -340,14 +409,10 @@ impl Workload {
             shift.prompt_tokens.validate("mix shift prompt length distribution")?;
             shift.output_tokens.validate("mix shift output length distribution")?;
         }
-        if let Some(heavy) = &self.heavy_user {
-            if heavy.streams == 0 {
-                return Err(ConfigError::Zero { what: "heavy user streams" });
-            }
-            heavy.prompt_tokens.validate("heavy user prompt length distribution")?;
-            heavy.output_tokens.validate("heavy user output length distribution")?;
+        if self.ttft_deadline.is_some_and(|d| d.is_zero()) {
+            return Err(ConfigError::Zero { what: "TTFT deadline (leave it unset for none)" });
         }
-        Ok(())
+        self.heavy_user.iter().chain(&self.scripts).try_for_each(HeavyUser::validate)
     }
 
     /// The mean `(prompt, answer)` lengths of the employees' requests (before any [`MixShift`]).
