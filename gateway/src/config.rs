@@ -94,6 +94,12 @@ pub struct Config {
     pub queue: usize,
     /// Longest wait in the queue.
     pub max_queue_wait: Duration,
+    /// Default time-to-first-token deadline: a request predicted to start later is refused at once
+    /// (503 + `Retry-After`), and a waiting one leaves when its deadline becomes unreachable. `None`: no
+    /// deadline unless a request sets one ([`TTFT_DEADLINE_HEADER`](crate::deadline::TTFT_DEADLINE_HEADER)).
+    pub ttft_deadline: Option<Duration>,
+    /// How waiting tenants share the server: by requests (weighted round-robin) or by tokens.
+    pub fairness: kvgate::Fairness,
     /// Requests per second and burst.
     pub rate: Option<(f64, u32)>,
     /// LLM tokens (prompt + max_tokens) per second and burst.
@@ -179,6 +185,8 @@ impl Default for Config {
             max_in_flight: 32,
             queue: 256,
             max_queue_wait: Duration::from_secs(30),
+            ttft_deadline: None,
+            fairness: kvgate::Fairness::Requests,
             rate: None,
             token_rate: None,
             kv_tokens: None,

@@ -12,6 +12,7 @@
 //! | [`plan`] | what a `Config` makes: the front admission and one admission per upstream |
 //! | [`keys`] | API keys as SHA-256 digests, compared in constant time |
 //! | [`tenants`] | keys → tenants, their priority and limits; the priority header |
+//! | [`deadline`] | time-to-first-token deadlines: the default and the header that shortens it |
 //! | [`budget`] | tenants' daily and monthly token budgets, usage kept in a state file |
 //! | [`gate`] | the gateway's admission as the tower layer drives it: front admission, then an upstream |
 //! | [`dispatch`] | the line shared by the upstreams, and which upstream a request goes to |
@@ -46,6 +47,7 @@
 pub mod budget;
 pub mod config;
 pub mod conn;
+pub mod deadline;
 pub mod dispatch;
 pub mod error;
 pub mod gate;

@@ -156,7 +156,8 @@ pub fn front_admission(config: &Config, specs: &[UpstreamSpec], shared_rates: bo
         Admission::builder()
             .max_in_flight(slots.max(1))
             .queue_capacity(config.queue)
-            .max_queue_wait(config.max_queue_wait),
+            .max_queue_wait(config.max_queue_wait)
+            .fairness(config.fairness),
     );
     if !shared_rates {
         if let Some((rate, burst)) = config.rate {

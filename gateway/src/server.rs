@@ -19,6 +19,7 @@
 use crate::budget::{BudgetHold, BudgetLimits, Budgets, system_clock};
 use crate::config::{Config, ConfigError, restart_only_change};
 use crate::conn::{self, ServeOptions};
+use crate::deadline::request_ttft_deadline;
 use crate::dispatch::Dispatcher;
 use crate::error::ApiError;
 use crate::gate::{Gate, Grant};
@@ -102,6 +103,8 @@ pub struct RequestContext {
     pub listed: bool,
     /// The class it asks for (its caller's, or lower).
     pub priority: Priority,
+    /// Its time-to-first-token deadline: the gateway's default, or shorter by its header.
+    pub ttft_deadline: Option<Duration>,
     /// When it arrived (the gateway's clock, nanoseconds).
     pub arrived: u64,
 }
@@ -585,7 +588,14 @@ async fn front_door(State(gateway): State<Gateway>, mut request: axum::extract::
             return finish(
                 &gateway,
                 response,
-                RequestContext { trace, caller: None, listed: false, priority: Priority::Normal, arrived },
+                RequestContext {
+                    trace,
+                    caller: None,
+                    listed: false,
+                    priority: Priority::Normal,
+                    ttft_deadline: None,
+                    arrived,
+                },
             );
         }
         Err(KeyError::Unknown) => {
@@ -594,7 +604,14 @@ async fn front_door(State(gateway): State<Gateway>, mut request: axum::extract::
             return finish(
                 &gateway,
                 response,
-                RequestContext { trace, caller: None, listed: false, priority: Priority::Normal, arrived },
+                RequestContext {
+                    trace,
+                    caller: None,
+                    listed: false,
+                    priority: Priority::Normal,
+                    ttft_deadline: None,
+                    arrived,
+                },
             );
         }
     };
@@ -603,10 +620,22 @@ async fn front_door(State(gateway): State<Gateway>, mut request: axum::extract::
         Ok(priority) => priority,
         Err(message) => {
             let response = refuse(ApiError::new(StatusCode::BAD_REQUEST, "invalid_priority", message));
-            return finish(&gateway, response, RequestContext { trace, caller, listed, priority: own, arrived });
+            let context = RequestContext { trace, caller, listed, priority: own, ttft_deadline: None, arrived };
+            return finish(&gateway, response, context);
         }
     };
-    let context = RequestContext { trace, caller, listed, priority, arrived };
+    let ttft_deadline = match request_ttft_deadline(config.ttft_deadline, request.headers()) {
+        Ok(deadline) => deadline,
+        Err(message) => {
+            let response = refuse(ApiError::new(StatusCode::BAD_REQUEST, "invalid_ttft_deadline", message));
+            return finish(
+                &gateway,
+                response,
+                RequestContext { trace, caller, listed, priority, ttft_deadline: None, arrived },
+            );
+        }
+    };
+    let context = RequestContext { trace, caller, listed, priority, ttft_deadline, arrived };
     request.extensions_mut().insert(context.clone());
     let response = next.run(request).await;
     finish(&gateway, response, context)
@@ -819,6 +848,9 @@ async fn read(
     }
     let priority = context.as_ref().map_or(Priority::Normal, |c| c.priority);
     admit = admit.priority(priority);
+    if let Some(deadline) = context.as_ref().and_then(|c| c.ttft_deadline) {
+        admit = admit.ttft_deadline(deadline);
+    }
     let mut budget = None;
     if let Some(caller) = &caller {
         admit = admit.tenant(caller.id);

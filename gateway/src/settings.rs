@@ -72,6 +72,18 @@ pub struct Settings {
     /// Longest wait in the queue [default: 30s].
     #[arg(long, value_name = "DURATION")]
     pub max_queue_wait: Option<String>,
+    /// Default time-to-first-token deadline: a request predicted to start later is refused at once with
+    /// 503 + Retry-After, a waiting one leaves when it can no longer make it; a request may shorten it
+    /// with the x-kvgate-ttft-deadline header [default: none].
+    #[arg(long, value_name = "DURATION")]
+    pub ttft_deadline: Option<String>,
+    /// How waiting tenants share the server: `requests` (weighted round-robin by requests) or `tokens`
+    /// (by prompt + output tokens served, output weighted by --output-token-weight) [default: requests].
+    #[arg(long, value_name = "POLICY")]
+    pub fairness: Option<String>,
+    /// With --fairness tokens: what one output token costs against one prompt token [default: 2].
+    #[arg(long, value_name = "N")]
+    pub output_token_weight: Option<u32>,
     /// Requests per second (burst: --rate-burst, default max(1, R)).
     #[arg(long, value_name = "R")]
     pub rate: Option<f64>,
@@ -238,6 +250,9 @@ impl Settings {
             max_in_flight,
             queue,
             max_queue_wait,
+            ttft_deadline,
+            fairness,
+            output_token_weight,
             rate,
             rate_burst,
             token_rate,
@@ -322,6 +337,23 @@ impl Settings {
         config.upstream_timeout =
             duration("--upstream-timeout", self.upstream_timeout, config.upstream_timeout, false)?;
         config.max_queue_wait = duration("--max-queue-wait", self.max_queue_wait, config.max_queue_wait, true)?;
+        if let Some(value) = self.ttft_deadline {
+            config.ttft_deadline = Some(duration("--ttft-deadline", Some(value), Duration::ZERO, false)?);
+        }
+        config.fairness = match (self.fairness.as_deref().map(str::trim), self.output_token_weight) {
+            (None | Some("requests"), None) => kvgate::Fairness::Requests,
+            (None | Some("requests"), Some(_)) => {
+                return Err(ConfigError::Conflict("--output-token-weight needs --fairness tokens".into()));
+            }
+            (Some("tokens"), weight) => {
+                let output_weight = weight.unwrap_or(2);
+                if output_weight == 0 {
+                    return Err(invalid("--output-token-weight", &0, "must be at least 1"));
+                }
+                kvgate::Fairness::Tokens { prompt_weight: 1, output_weight }
+            }
+            (Some(other), _) => return Err(invalid("--fairness", &other, "expected requests or tokens")),
+        };
         config.header_timeout = duration("--header-timeout", self.header_timeout, config.header_timeout, false)?;
         config.body_timeout = duration("--body-timeout", self.body_timeout, config.body_timeout, false)?;
         config.send_timeout = duration("--send-timeout", self.send_timeout, config.send_timeout, false)?;
@@ -493,6 +525,32 @@ mod tests {
 
     fn parse(flags: &str) -> Result<Config, FromArgsError> {
         Config::from_args(std::iter::once("kvgate-gateway").chain(flags.split_whitespace()))
+    }
+
+    #[test]
+    fn deadline_and_fairness_flags_parse_and_bad_values_name_the_flag() {
+        let config = parse("--ttft-deadline 2s --fairness tokens --output-token-weight 4").unwrap();
+        assert_eq!(config.ttft_deadline, Some(Duration::from_secs(2)));
+        assert_eq!(config.fairness, kvgate::Fairness::Tokens { prompt_weight: 1, output_weight: 4 });
+        assert_eq!(parse("--fairness tokens").unwrap().fairness, kvgate::Fairness::tokens());
+        assert_eq!(parse("--fairness requests").unwrap().fairness, kvgate::Fairness::Requests);
+        assert_eq!(parse("").unwrap().ttft_deadline, None);
+        for (flags, named) in [
+            ("--ttft-deadline 0", "--ttft-deadline"),
+            ("--ttft-deadline soon", "--ttft-deadline"),
+            ("--fairness bytes", "--fairness"),
+            ("--fairness tokens --output-token-weight 0", "--output-token-weight"),
+            ("--output-token-weight 3", "--output-token-weight"),
+        ] {
+            let error = parse(flags).unwrap_err().to_string();
+            assert!(error.contains(named), "{flags}: {error}");
+        }
+        let file = Settings::from_toml("ttft_deadline = \"1500ms\"\nfairness = \"tokens\"\n").unwrap();
+        let config = file.into_config().unwrap();
+        assert_eq!(
+            (config.ttft_deadline, config.fairness),
+            (Some(Duration::from_millis(1500)), kvgate::Fairness::tokens())
+        );
     }
 
     #[test]

@@ -853,3 +853,107 @@ async fn each_request_is_one_span_at_the_opentelemetry_collector() {
     assert_eq!(export["resourceSpans"][0]["resource"]["attributes"][0]["value"]["stringValue"], "kvgate-gateway");
     assert!(!export.to_string().contains("sk-alice"), "keys are never exported");
 }
+
+/// Holds the only slot with a long stream until dropped; returns once the stream has started.
+async fn hold_the_slot(http: &reqwest::Client, addr: SocketAddr, key: Option<&str>) -> impl Send {
+    let running = post(http, addr, key, &chat("x", 400, true)).await;
+    assert_eq!(running.status(), 200);
+    let mut running = running.bytes_stream();
+    running.next().await.unwrap().unwrap();
+    running
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_would_miss_its_ttft_deadline_is_refused_at_once_with_retry_after() {
+    // One slot, held by a long stream: a new request is predicted to start in about one hold time (the
+    // 5-s prior before any permit was returned). With the gateway's 200-ms default deadline it is
+    // refused at once; a header asking for longer cannot lift the default; one without a deadline waits.
+    let config = Config { ttft_deadline: Some(Duration::from_millis(200)), ..sim(1, 100_000, 50.0) };
+    let gateway = Gateway::new(config).unwrap();
+    let addr = start(&gateway).await;
+    let http = client();
+    let running = hold_the_slot(&http, addr, None).await;
+    for header in [None, Some("30s")] {
+        let mut request = http.post(format!("http://{addr}/v1/chat/completions")).json(&chat("x", 4, false));
+        if let Some(value) = header {
+            request = request.header("x-kvgate-ttft-deadline", value);
+        }
+        let shed = request.send().await.unwrap();
+        assert_eq!(shed.status(), 503, "header {header:?}");
+        let retry_after: u64 = shed.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+        assert!(retry_after >= 1, "{retry_after}");
+    }
+    assert_eq!(gateway.admission().snapshot().queued, 0, "nothing waited");
+    let bad = http
+        .post(format!("http://{addr}/v1/chat/completions"))
+        .header("x-kvgate-ttft-deadline", "soon")
+        .json(&chat("x", 4, false));
+    assert_eq!(bad.send().await.unwrap().status(), 400);
+    drop(running);
+
+    // Without a default, only requests that ask for a deadline are shed.
+    let gateway = Gateway::new(sim(1, 100_000, 50.0)).unwrap();
+    let addr = start(&gateway).await;
+    let running = hold_the_slot(&http, addr, None).await;
+    let impatient = http
+        .post(format!("http://{addr}/v1/chat/completions"))
+        .header("x-kvgate-ttft-deadline", "100ms")
+        .json(&chat("x", 4, false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(impatient.status(), 503);
+    let patient = tokio::spawn({
+        let http = http.clone();
+        async move { post(&http, addr, None, &chat("x", 4, false)).await.status().as_u16() }
+    });
+    assert!(eventually(|| gateway.admission().snapshot().queued == 1).await, "a request without a deadline waits");
+    drop(running);
+    assert_eq!(patient.await.unwrap(), 200);
+}
+
+/// The order in which `light` and `heavy` requests were served behind one slot, under `fairness`: three
+/// heavy requests (long prompts) queue first, then three light ones.
+async fn served_order(fairness: kvgate::Fairness) -> String {
+    let config = Config {
+        fairness,
+        tenants: vec![tenant("heavy", "sk-heavy"), tenant("light", "sk-light"), tenant("first", "sk-first")],
+        ..sim(1, 1_000_000, 2_000.0)
+    };
+    let gateway = Gateway::new(config).unwrap();
+    let addr = start(&gateway).await;
+    let http = client();
+    let running = hold_the_slot(&http, addr, Some("sk-first")).await;
+    let order = Arc::new(Mutex::new(String::new()));
+    let mut tasks = Vec::new();
+    for (i, (key, text)) in [("sk-heavy", "long document ".repeat(600)), ("sk-light", "hi".to_owned())]
+        .into_iter()
+        .flat_map(|kind| std::iter::repeat_n(kind, 3))
+        .enumerate()
+    {
+        let (http, order) = (http.clone(), Arc::clone(&order));
+        let mark = if key == "sk-heavy" { 'H' } else { 'L' };
+        tasks.push(tokio::spawn(async move {
+            let response = post(&http, addr, Some(key), &chat(&text, 4, false)).await;
+            assert_eq!(response.status(), 200);
+            order.lock().unwrap().push(mark);
+        }));
+        assert!(eventually(|| gateway.admission().snapshot().queued == i + 1).await, "request {i} queues");
+    }
+    drop(running);
+    for task in tasks {
+        task.await.unwrap();
+    }
+    order.lock().unwrap().clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_fairness_from_the_config_serves_short_prompts_before_a_long_prompt_tenant_gets_a_second_turn() {
+    // Request fairness alternates the two tenants whatever their sizes; token fairness charges the heavy
+    // tenant its ~2,000-token prompts, so the light tenant's three small requests all go before the heavy
+    // tenant's second.
+    let by_requests = served_order(kvgate::Fairness::Requests).await;
+    assert_eq!(by_requests, "HLHLHL", "round-robin by requests");
+    let by_tokens = served_order(kvgate::Fairness::tokens()).await;
+    assert_eq!(by_tokens, "HLLLHH", "by tokens");
+}
