@@ -1,17 +1,21 @@
 //! The gateway's key and tenant path on arbitrary headers: `Authorization` (the key), the priority
-//! header, a tenant header, `x-request-id` and `traceparent`, whatever bytes they hold.
+//! header, a tenant header, `x-request-id`, `traceparent` and the TTFT deadline header, whatever bytes
+//! they hold.
 //!
 //! It never panics. A caller is found only for a configured key (byte for byte, after `Bearer `); the
 //! priority is never above the caller's; a tenant name is 1 to 128 bytes without control characters; the
 //! request id is printable ASCII of at most 128 bytes; the trace id and span id are lower-case hex of 32
-//! and 16 digits, never all zeros, and the `traceparent` sent upstream is well-formed.
+//! and 16 digits, never all zeros, and the `traceparent` sent upstream is well-formed; a deadline is never
+//! zero, never longer than the gateway's default when there is one, nor than the header's limit.
 //!
-//! Input: a selector byte (which key is configured, the caller's class), then up to five header values
+//! Input: a selector byte (which key is configured, the caller's class), then up to six header values
 //! separated by `\n`.
 #![no_main]
 
 use kvgate::Priority;
+use kvgate_gateway::deadline::{MAX_TTFT_DEADLINE, TTFT_DEADLINE_HEADER, request_ttft_deadline};
 use kvgate_gateway::keys::{KeyHash, bearer};
+use std::time::Duration;
 use kvgate_gateway::tenants::{KeyConfig, Keys, PriorityConfig, TenantConfig, request_priority, tenant_name};
 use kvgate_gateway::trace::Trace;
 use libfuzzer_sys::fuzz_target;
@@ -31,7 +35,7 @@ fuzz_target!(|data: &[u8]| {
         ..TenantConfig::default()
     }];
     let keys = Keys::new(&tenants).unwrap();
-    let names = ["authorization", "x-kvgate-priority", "x-team", "x-request-id", "traceparent"];
+    let names = ["authorization", "x-kvgate-priority", "x-team", "x-request-id", "traceparent", TTFT_DEADLINE_HEADER];
     let mut headers = http::HeaderMap::new();
     for (name, value) in names.iter().zip(rest.split(|b| *b == b'\n')) {
         if let Ok(value) = http::HeaderValue::from_bytes(value) {
@@ -54,6 +58,17 @@ fuzz_target!(|data: &[u8]| {
     }
     if let Some(name) = headers.get("x-team").and_then(|v| v.to_str().ok()).and_then(tenant_name) {
         assert!(!name.is_empty() && name.len() <= 128 && !name.chars().any(char::is_control));
+    }
+    let default = (selector & 0x10 != 0).then(|| Duration::from_millis(u64::from(selector) * 37 + 1));
+    if let Ok(deadline) = request_ttft_deadline(default, &headers) {
+        match (deadline, default) {
+            (None, None) => assert!(!headers.contains_key(TTFT_DEADLINE_HEADER)),
+            (None, Some(_)) => unreachable!("a default deadline was lost"),
+            (Some(d), default) => {
+                assert!(!d.is_zero() && d <= MAX_TTFT_DEADLINE, "{d:?}");
+                assert!(default.is_none_or(|default| d <= default), "the header lengthened the deadline");
+            }
+        }
     }
     let trace = Trace::from_headers(&headers);
     assert!(!trace.request_id.is_empty() && trace.request_id.len() <= 128);
