@@ -84,3 +84,22 @@ fn without_a_deadline_nothing_is_shed() {
     assert!(poll(&mut w).is_pending());
     assert_eq!(a.snapshot().shed, 0);
 }
+
+#[test]
+fn with_the_real_clock_a_waiter_leaves_once_its_start_is_predicted_late_not_at_its_deadline() {
+    // One slot held, a 1-s hold-time prior: a request with a 4-s start deadline is predicted to start in
+    // about 1 s and waits; once 3 s have gone by without a release, starting in 1 s more misses the
+    // deadline, and the deadline timer ends it then — counted as shed — rather than at 4 s (where it would
+    // end as an ordinary timeout, not shed). Nobody calls `expire_waiters` here: the timer thread does.
+    let admission = Admission::builder()
+        .max_in_flight(1)
+        .expected_hold_time(Duration::from_secs(1))
+        .max_queue_wait(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let held = admission.try_admit(&Request::new(10, 10)).unwrap();
+    let waiter = admission.admit_blocking(&Request::new(10, 10).ttft_deadline(Duration::from_secs(4)), None);
+    assert_eq!(waiter.unwrap_err(), Rejection::TimedOut);
+    assert_eq!(admission.snapshot().shed, 1, "it left early, as predicted late: {:?}", admission.snapshot());
+    drop(held);
+}

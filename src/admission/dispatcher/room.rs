@@ -38,6 +38,12 @@ use crate::sync::{self, AtomicU64, AtomicUsize, Mutex, MutexGuard, Ordering};
 use std::sync::Arc;
 use std::task::Waker;
 
+/// How often expiry looks again at waiters with a start deadline while any waits: the predicted start of
+/// a waiter moves past its deadline as time goes by without a release, long before the deadline itself
+/// is due, and the timer thread sleeps until the next *due* deadline otherwise. The overload lab's gate
+/// runs `expire_waiters` at the same interval.
+pub(crate) const START_DEADLINE_RECHECK: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// An admission's clock reading, without the clock's type.
 pub(crate) struct ClockFn(pub(crate) Box<dyn Fn() -> u64 + Send + Sync>);
 
@@ -498,7 +504,12 @@ impl Dispatcher {
         if ended != 0 {
             room = self.run_passes(res, room, &mut wakes, now);
         }
-        let next = room.deadlines.next();
+        let mut next = room.deadlines.next();
+        if room.start_deadlines != 0 {
+            // A start deadline can become unreachable before it is due: look again soon.
+            let recheck = now.saturating_add(duration_nanos(START_DEADLINE_RECHECK));
+            next = Some(next.map_or(recheck, |due| due.min(recheck)));
+        }
         drop(room);
         self.wake(res, &mut wakes);
         (ended, next)
