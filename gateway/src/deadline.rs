@@ -4,8 +4,9 @@
 //! A request with a deadline is refused at once (`503` with a `Retry-After` from the predicted drain)
 //! when the front admission predicts it would start later than the deadline, and a waiting request whose
 //! deadline becomes unreachable leaves the queue early, instead of waiting and then failing (see
-//! [`kvgate::Request::ttft_deadline`]). The deadline counts from the moment the request is admitted,
-//! that is once its body has been read.
+//! [`kvgate::Request::ttft_deadline`]); what is left of the deadline bounds its wait in the dispatcher's
+//! line too ([`crate::gate`]). The deadline counts from the moment the request is admitted, that is once
+//! its body has been read, and is a deadline for the start: the engine's prefill comes after it.
 
 use crate::units::parse_duration;
 use std::time::Duration;

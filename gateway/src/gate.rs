@@ -16,7 +16,9 @@
 //!
 //! On reload the front admission is replaced by one built from the new limits; requests already granted
 //! or waiting keep the old one until they end (nothing is dropped), and the upstreams' admissions —
-//! resized in place — keep protecting the engines meanwhile.
+//! resized in place — keep protecting the engines meanwhile. Until the old front's permits are back, the
+//! new one does not count them: requests it grants meanwhile may wait in the dispatcher's line, first come
+//! first served, which a start deadline still bounds (what is left of it is the longest wait there).
 
 use crate::dispatch::{Dispatcher, UpstreamPermit};
 use crate::limiter::{Limiter, LimiterPermit};
@@ -109,6 +111,15 @@ impl Gate {
             let started = clock.now_nanos();
             let front_permit = if wait { front.admit(&request).await? } else { front.try_admit(&request).await? };
             let upstream = if wait {
+                // A start deadline covers the line too: what is left of it bounds the wait there.
+                let mut request = request;
+                if let Some(deadline) = request.ttft_deadline {
+                    let spent = Duration::from_nanos(clock.now_nanos().saturating_sub(started));
+                    let Some(left) = deadline.checked_sub(spent).filter(|left| !left.is_zero()) else {
+                        return Err(Rejection::NoCapacity { retry_after: front.local().capacity_retry_after() });
+                    };
+                    request.max_wait = Some(request.max_wait.map_or(left, |own| own.min(left)));
+                }
                 dispatcher.dispatch(&request).await?
             } else {
                 dispatcher.try_dispatch(&request, front.local().capacity_retry_after()).await?

@@ -856,7 +856,16 @@ async fn each_request_is_one_span_at_the_opentelemetry_collector() {
 
 /// Holds the only slot with a long stream until dropped; returns once the stream has started.
 async fn hold_the_slot(http: &reqwest::Client, addr: SocketAddr, key: Option<&str>) -> impl Send {
-    let running = post(http, addr, key, &chat("x", 400, true)).await;
+    hold_with(http, addr, key, 400).await
+}
+
+/// Holds a slot with a stream of `max_tokens` until dropped; returns once the stream has started.
+async fn hold_the_slot_for(http: &reqwest::Client, addr: SocketAddr, max_tokens: u32) -> impl Send {
+    hold_with(http, addr, None, max_tokens).await
+}
+
+async fn hold_with(http: &reqwest::Client, addr: SocketAddr, key: Option<&str>, max_tokens: u32) -> impl Send {
+    let running = post(http, addr, key, &chat("x", max_tokens, true)).await;
     assert_eq!(running.status(), 200);
     let mut running = running.bytes_stream();
     running.next().await.unwrap().unwrap();
@@ -956,4 +965,40 @@ async fn token_fairness_from_the_config_serves_short_prompts_before_a_long_promp
     assert_eq!(by_requests, "HLHLHL", "round-robin by requests");
     let by_tokens = served_order(kvgate::Fairness::tokens()).await;
     assert_eq!(by_tokens, "HLLLHH", "by tokens");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_deadline_bounds_the_wait_in_the_line_behind_the_front_admission() {
+    // Two upstreams of 1,000 KV tokens, each running a ~560-token stream: a 710-token request fits the
+    // front admission's sum (880 free) but neither upstream (440 free each), so it waits in the
+    // dispatcher's line. What is left of its 200-ms start deadline bounds that wait, not the 20-s
+    // max_queue_wait.
+    let upstream = |name: &str| UpstreamConfig {
+        name: Some(name.into()),
+        sim_tokens_per_sec: Some(50.0),
+        max_in_flight: Some(2),
+        kv_tokens: Some(1_000),
+        ..UpstreamConfig::default()
+    };
+    let config = Config {
+        upstreams: vec![upstream("a"), upstream("b")],
+        ttft_deadline: Some(Duration::from_millis(200)),
+        max_queue_wait: Duration::from_secs(20),
+        ..Config::default()
+    };
+    let gateway = Gateway::new(config).unwrap();
+    let addr = start(&gateway).await;
+    let http = client();
+    let _a = hold_the_slot_for(&http, addr, 550).await;
+    let _b = hold_the_slot_for(&http, addr, 550).await;
+    let kv: Vec<u64> = gateway.upstreams().iter().map(|u| u.limiter.local().snapshot().kv_used).collect();
+    assert!(kv.iter().all(|&used| used > 500), "each upstream runs one stream: {kv:?}");
+    let started = Instant::now();
+    let response = post(&http, addr, None, &chat("x", 700, false)).await;
+    let waited = started.elapsed();
+    assert_eq!(response.status(), 503);
+    assert!(
+        waited < Duration::from_secs(10),
+        "the 200-ms deadline waited {waited:?} in the line (its wait limit is 20 s)"
+    );
 }
