@@ -15,10 +15,10 @@
 use kvgate::Priority;
 use kvgate_gateway::deadline::{MAX_TTFT_DEADLINE, TTFT_DEADLINE_HEADER, request_ttft_deadline};
 use kvgate_gateway::keys::{KeyHash, bearer};
-use std::time::Duration;
 use kvgate_gateway::tenants::{KeyConfig, Keys, PriorityConfig, TenantConfig, request_priority, tenant_name};
 use kvgate_gateway::trace::Trace;
 use libfuzzer_sys::fuzz_target;
+use std::time::Duration;
 
 fn hex(s: &str, len: usize) -> bool {
     s.len() == len && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) && s.bytes().any(|b| b != b'0')
