@@ -109,6 +109,13 @@ pub struct RequestContext {
     pub arrived: u64,
 }
 
+impl RequestContext {
+    /// The context of a request refused before its caller is known.
+    fn anonymous(trace: Trace, arrived: u64) -> Self {
+        RequestContext { trace, caller: None, listed: false, priority: Priority::Normal, ttft_deadline: None, arrived }
+    }
+}
+
 /// What the front door learns from the handler about a served request (in the response's extensions).
 #[derive(Debug, Clone)]
 struct Served {
@@ -585,34 +592,12 @@ async fn front_door(State(gateway): State<Gateway>, mut request: axum::extract::
         Err(KeyError::Missing) => {
             let message = "this gateway needs an API key: Authorization: Bearer <key>";
             let response = refuse(ApiError::new(StatusCode::UNAUTHORIZED, "missing_api_key", message));
-            return finish(
-                &gateway,
-                response,
-                RequestContext {
-                    trace,
-                    caller: None,
-                    listed: false,
-                    priority: Priority::Normal,
-                    ttft_deadline: None,
-                    arrived,
-                },
-            );
+            return finish(&gateway, response, RequestContext::anonymous(trace, arrived));
         }
         Err(KeyError::Unknown) => {
             let message = "the API key is not known to this gateway";
             let response = refuse(ApiError::new(StatusCode::UNAUTHORIZED, "invalid_api_key", message));
-            return finish(
-                &gateway,
-                response,
-                RequestContext {
-                    trace,
-                    caller: None,
-                    listed: false,
-                    priority: Priority::Normal,
-                    ttft_deadline: None,
-                    arrived,
-                },
-            );
+            return finish(&gateway, response, RequestContext::anonymous(trace, arrived));
         }
     };
     let own = caller.as_ref().map_or(Priority::Normal, |c| c.priority);
