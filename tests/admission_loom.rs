@@ -116,6 +116,40 @@ fn close_racing_a_grant_grants_nothing_after_close() {
     });
 }
 
+/// A `try_admit` racing `close` that charges rates (the global request rate, its tenant's token rate)
+/// after taking its slot: if it is granted, both charges were visible when `close` returned — an observer
+/// that saw the admission closed never sees a token spent afterwards by a grant.
+#[test]
+fn a_try_admit_charging_rates_racing_close_is_granted_only_on_charges_made_before_close_returned() {
+    loom::model(|| {
+        let a = Admission::builder()
+            .max_in_flight(1)
+            .request_rate(0.001, 1)
+            .tenant_defaults(kvgate::TenantLimits::new().token_rate(0.001, 10))
+            .deadline_timer(false)
+            .clock(kvgate::clock::ManualClock::new())
+            .build()
+            .unwrap();
+        let racer = {
+            let a = a.clone();
+            thread::spawn(move || a.try_admit(&Request::new(0, 4).tenant("alice")).map(drop))
+        };
+        a.close();
+        let rates = a.rate_status(Some("alice".into()));
+        let (requests_left, tokens_left) = (rates.requests.unwrap().remaining, rates.tokens.unwrap().remaining);
+        let raced = racer.join().unwrap();
+        match raced {
+            Ok(()) => assert_eq!((requests_left, tokens_left), (0, 6), "granted on charges made after close()"),
+            Err(rejection) => assert_eq!(rejection, kvgate::Rejection::Closed),
+        }
+        // A refused racer gave everything back; a granted one kept its charges.
+        let rates = a.rate_status(Some("alice".into()));
+        let whole = (rates.requests.unwrap().remaining, rates.tokens.unwrap().remaining);
+        assert_eq!(whole, if raced.is_ok() { (0, 6) } else { (1, 10) });
+        assert_eq!(a.snapshot().in_flight, 0);
+    });
+}
+
 /// A waker that panics.
 struct Panicking;
 

@@ -34,7 +34,7 @@
 //!    after the RMW that sets it.
 
 use crate::Priority;
-use crate::sync::{AtomicU64, Ordering};
+use crate::sync::{AtomicU64, Ordering, fence};
 
 /// Bits of the slot word that count slots in use.
 const COUNT_BITS: u32 = 40;
@@ -272,11 +272,16 @@ impl Capacity {
         self.slots.load(Ordering::Acquire) & CLOSED != 0
     }
 
-    /// Whether `CLOSED` is set, read by a read-modify-write, so that it is ordered against `close`: if
-    /// this sees the word before `close` wrote it, everything the caller did before (charging a bucket)
-    /// is visible to whoever acts after `close` returns; otherwise this sees `CLOSED`.
-    pub(crate) fn is_closed_ordered(&self) -> bool {
-        self.slots.fetch_or(0, Ordering::AcqRel) & CLOSED != 0
+    /// Whether `CLOSED` is set, as seen by a request that has just charged its rates. `close` sets
+    /// `CLOSED`, then makes a `Release` read-modify-write that changes nothing on every bucket
+    /// (`order_later_charges`). A charge is a compare-and-swap on its bucket: if it comes after that
+    /// no-op in the bucket's modification order, the `Acquire` fence here makes `CLOSED` visible;
+    /// otherwise `close` read the charge before it returned. Either way no grant follows a `close` that
+    /// has returned without its charges being visible to whoever acts after `close`.
+    #[inline]
+    pub(crate) fn is_closed_after_charges(&self) -> bool {
+        fence(Ordering::Acquire);
+        self.slots.load(Ordering::Relaxed) & CLOSED != 0
     }
 
     /// Slots in use.
