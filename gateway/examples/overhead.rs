@@ -32,6 +32,12 @@ use std::time::{Duration, Instant};
 
 type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
+/// The gateway binary's allocator (its `mimalloc` feature, on by default), for every target alike: the
+/// load generator, the upstream and both proxies share this process.
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const ANSWER: &str = r#"{"id":"x","object":"chat.completion","created":0,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":9,"completion_tokens":1,"total_tokens":10}}"#;
 const BODY: &str = r#"{"model":"m","max_tokens":16,"messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Say hello."}]}"#;
 

@@ -110,20 +110,18 @@ async fn connection(
     options: ServeOptions,
     closing: &mut watch::Receiver<bool>,
 ) {
-    let stream = Arc::new(stream);
-    let io = ClientIo::new(Arc::clone(&stream), options.send_timeout);
+    let io = ClientIo::new(stream, options.send_timeout);
     let partial_request = Arc::clone(&io.partial_request);
     let service = TowerToHyperService::new(service);
-    let conn = http1::Builder::new()
+    let mut conn = http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(options.header_timeout)
         .serve_connection(TokioIo::new(io), service);
-    tokio::pin!(conn);
     let result = tokio::select! {
-        result = conn.as_mut() => result,
+        result = &mut conn => result,
         _ = closing.changed() => {
-            conn.as_mut().graceful_shutdown();
-            conn.await
+            Pin::new(&mut conn).graceful_shutdown();
+            (&mut conn).await
         }
     };
     let Err(error) = result else { return };
@@ -133,6 +131,7 @@ async fn connection(
         metrics::connection_closed("header_timeout");
         if partial_request.load(Ordering::Relaxed) {
             // Best effort: the client trickled part of a request; tell it why before closing.
+            let stream = conn.into_parts().io.into_inner().stream;
             let _ = stream.try_write(REQUEST_TIMEOUT);
         }
     }
@@ -157,10 +156,11 @@ fn is_send_timeout(error: &(dyn std::error::Error + 'static)) -> bool {
 pub struct SendTimedOut(Duration);
 
 /// The client's socket as hyper sees it: reads as they come, writes that fail once one stays blocked
-/// for the send deadline. The stream is shared so that the connection's owner can still answer 408
-/// after hyper gave up on it.
+/// for the send deadline. Reads and writes are the socket's own (`TcpStream`'s readiness handling: a
+/// short read clears readiness without another system call; vectored writes send headers and body in
+/// one call).
 struct ClientIo {
-    stream: Arc<TcpStream>,
+    stream: TcpStream,
     send_timeout: Duration,
     /// Running while a write is blocked.
     blocked: Option<Pin<Box<Sleep>>>,
@@ -169,55 +169,60 @@ struct ClientIo {
 }
 
 impl ClientIo {
-    fn new(stream: Arc<TcpStream>, send_timeout: Duration) -> Self {
+    fn new(stream: TcpStream, send_timeout: Duration) -> Self {
         Self { stream, send_timeout, blocked: None, partial_request: Arc::new(AtomicBool::new(false)) }
+    }
+
+    /// The outcome of a write: a write that made progress ends the blocked period; one that is blocked
+    /// starts it (or fails once it has lasted the send deadline).
+    fn written(&mut self, cx: &mut Context<'_>, polled: Poll<io::Result<usize>>) -> Poll<io::Result<usize>> {
+        match polled {
+            Poll::Ready(Ok(n)) => {
+                self.blocked = None;
+                self.partial_request.store(false, Ordering::Relaxed);
+                Poll::Ready(Ok(n))
+            }
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending => {
+                let timeout = self.send_timeout;
+                let blocked = self.blocked.get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+                if blocked.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, SendTimedOut(timeout))));
+                }
+                Poll::Pending
+            }
+        }
     }
 }
 
 impl AsyncRead for ClientIo {
-    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        loop {
-            ready!(self.stream.poll_read_ready(cx))?;
-            let unfilled = buf.initialize_unfilled();
-            match self.stream.try_read(unfilled) {
-                Ok(n) => {
-                    if n > 0 {
-                        self.partial_request.store(true, Ordering::Relaxed);
-                    }
-                    buf.advance(n);
-                    return Poll::Ready(Ok(()));
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                Err(e) => return Poll::Ready(Err(e)),
-            }
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        ready!(Pin::new(&mut self.stream).poll_read(cx, buf))?;
+        if buf.filled().len() > before {
+            self.partial_request.store(true, Ordering::Relaxed);
         }
+        Poll::Ready(Ok(()))
     }
 }
 
 impl AsyncWrite for ClientIo {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        loop {
-            match self.stream.poll_write_ready(cx) {
-                Poll::Ready(Ok(())) => match self.stream.try_write(buf) {
-                    Ok(n) => {
-                        self.blocked = None;
-                        self.partial_request.store(false, Ordering::Relaxed);
-                        return Poll::Ready(Ok(n));
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                    Err(e) => return Poll::Ready(Err(e)),
-                },
-                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-                Poll::Pending => {
-                    let timeout = self.send_timeout;
-                    let blocked = self.blocked.get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
-                    if blocked.as_mut().poll(cx).is_ready() {
-                        return Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, SendTimedOut(timeout))));
-                    }
-                    return Poll::Pending;
-                }
-            }
-        }
+        let polled = Pin::new(&mut self.stream).poll_write(cx, buf);
+        self.written(cx, polled)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let polled = Pin::new(&mut self.stream).poll_write_vectored(cx, bufs);
+        self.written(cx, polled)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
     }
 
     fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -226,7 +231,7 @@ impl AsyncWrite for ClientIo {
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let result = socket2::SockRef::from(self.stream.as_ref()).shutdown(std::net::Shutdown::Write);
+        let result = socket2::SockRef::from(&self.stream).shutdown(std::net::Shutdown::Write);
         Poll::Ready(match result {
             Err(e) if e.kind() == io::ErrorKind::NotConnected => Ok(()),
             other => other,

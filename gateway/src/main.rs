@@ -7,6 +7,12 @@ use kvgate_gateway::{Config, Gateway, units};
 use std::io::Read as _;
 use std::sync::Arc;
 
+/// Requests allocate and free on whichever worker runs them; mimalloc's per-thread heaps keep that off
+/// the system allocator's arena locks.
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() {
     let mut flags = match Settings::try_parse() {
