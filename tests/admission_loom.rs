@@ -150,6 +150,66 @@ fn a_try_admit_charging_rates_racing_close_is_granted_only_on_charges_made_befor
     });
 }
 
+/// An observer that sees the admission closed, then a request token unspent, never sees a `try_admit`
+/// racing `close` granted on that token afterwards: `close` is linearizable for observers of `is_closed`,
+/// not only once it has returned.
+#[test]
+fn an_observer_that_saw_closed_never_sees_a_later_grant() {
+    loom::model(|| {
+        let a = Admission::builder()
+            .max_in_flight(1)
+            .request_rate(0.001, 1)
+            .deadline_timer(false)
+            .clock(kvgate::clock::ManualClock::new())
+            .build()
+            .unwrap();
+        let racer = {
+            let a = a.clone();
+            thread::spawn(move || a.try_admit(&req(1)).map(drop))
+        };
+        let closer = {
+            let a = a.clone();
+            thread::spawn(move || a.close())
+        };
+        let seen = a.is_closed().then(|| a.rate_status(None).requests.unwrap().remaining);
+        let raced = racer.join().unwrap();
+        closer.join().unwrap();
+        if seen == Some(1) {
+            assert!(raced.is_err(), "saw closed and the token unspent, then a racer was granted on it");
+        }
+    });
+}
+
+/// The same for an observer whose own request was refused `Closed`.
+#[test]
+fn a_request_refused_closed_never_sees_a_later_grant() {
+    loom::model(|| {
+        let a = Admission::builder()
+            .max_in_flight(2)
+            .request_rate(0.001, 1)
+            .deadline_timer(false)
+            .clock(kvgate::clock::ManualClock::new())
+            .build()
+            .unwrap();
+        let racer = {
+            let a = a.clone();
+            thread::spawn(move || a.try_admit(&req(1)).map(drop))
+        };
+        let closer = {
+            let a = a.clone();
+            thread::spawn(move || a.close())
+        };
+        let refused = a.try_admit(&req(1)).err();
+        let seen =
+            (refused == Some(kvgate::Rejection::Closed)).then(|| a.rate_status(None).requests.unwrap().remaining);
+        let raced = racer.join().unwrap();
+        closer.join().unwrap();
+        if seen == Some(1) {
+            assert!(raced.is_err(), "refused Closed with the token unspent, then a racer was granted on it");
+        }
+    });
+}
+
 /// A waker that panics.
 struct Panicking;
 

@@ -22,8 +22,8 @@ use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::task::{Context, Poll, ready};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
@@ -111,7 +111,6 @@ async fn connection(
     closing: &mut watch::Receiver<bool>,
 ) {
     let io = ClientIo::new(stream, options.send_timeout);
-    let partial_request = Arc::clone(&io.partial_request);
     let service = TowerToHyperService::new(service);
     let mut conn = http1::Builder::new()
         .timer(TokioTimer::new())
@@ -129,10 +128,11 @@ async fn connection(
         metrics::connection_closed("send_timeout");
     } else if error.is_timeout() {
         metrics::connection_closed("header_timeout");
-        if partial_request.load(Ordering::Relaxed) {
-            // Best effort: the client trickled part of a request; tell it why before closing.
-            let stream = conn.into_parts().io.into_inner().stream;
-            let _ = stream.try_write(REQUEST_TIMEOUT);
+        // Bytes hyper read but could not parse yet are a request cut short (also one pipelined behind an
+        // answered one); an idle keep-alive connection has none. Best effort: tell the client why.
+        let parts = conn.into_parts();
+        if !parts.read_buf.is_empty() {
+            let _ = parts.io.into_inner().stream.try_write(REQUEST_TIMEOUT);
         }
     }
 }
@@ -164,13 +164,11 @@ struct ClientIo {
     send_timeout: Duration,
     /// Running while a write is blocked.
     blocked: Option<Pin<Box<Sleep>>>,
-    /// Bytes arrived since the last response was written: a header timeout now cuts a request short.
-    partial_request: Arc<AtomicBool>,
 }
 
 impl ClientIo {
     fn new(stream: TcpStream, send_timeout: Duration) -> Self {
-        Self { stream, send_timeout, blocked: None, partial_request: Arc::new(AtomicBool::new(false)) }
+        Self { stream, send_timeout, blocked: None }
     }
 
     /// The outcome of a write: a write that made progress ends the blocked period; one that is blocked
@@ -179,7 +177,6 @@ impl ClientIo {
         match polled {
             Poll::Ready(Ok(n)) => {
                 self.blocked = None;
-                self.partial_request.store(false, Ordering::Relaxed);
                 Poll::Ready(Ok(n))
             }
             Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
@@ -197,12 +194,7 @@ impl ClientIo {
 
 impl AsyncRead for ClientIo {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        let before = buf.filled().len();
-        ready!(Pin::new(&mut self.stream).poll_read(cx, buf))?;
-        if buf.filled().len() > before {
-            self.partial_request.store(true, Ordering::Relaxed);
-        }
-        Poll::Ready(Ok(()))
+        Pin::new(&mut self.stream).poll_read(cx, buf)
     }
 }
 

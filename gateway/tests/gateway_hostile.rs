@@ -158,6 +158,30 @@ async fn trickled_headers_get_a_408_and_the_connection_closes() {
     assert!(answer.contains("header_timeout"), "{answer}");
 }
 
+/// A request pipelined behind an answered one and cut short by the header deadline gets its 408 too (the
+/// answer to the first request does not make the connection look idle), and an idle keep-alive
+/// connection is closed without one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pipelined_request_cut_short_gets_a_408_and_an_idle_connection_none() {
+    let mut config = sim(4, 10_000);
+    config.header_timeout = Duration::from_millis(500);
+    let gateway = Gateway::new(config).unwrap();
+    let addr = start(&gateway).await;
+    let mut pipelined = TcpStream::connect(addr).await.unwrap();
+    pipelined
+        .write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\nPOST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")
+        .await
+        .unwrap();
+    let answer = String::from_utf8_lossy(&read_to_close(&mut pipelined).await).into_owned();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer:?}");
+    assert!(answer.contains("HTTP/1.1 408"), "the request cut short got no 408: {answer:?}");
+    let mut idle = TcpStream::connect(addr).await.unwrap();
+    idle.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n").await.unwrap();
+    let answer = String::from_utf8_lossy(&read_to_close(&mut idle).await).into_owned();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer:?}");
+    assert!(!answer.contains("408"), "an idle keep-alive connection was told its request timed out: {answer:?}");
+}
+
 /// Defect: a body that stops half-way held its connection for ever. It gets a 408 after the body
 /// deadline, nothing is reserved, and the connection closes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

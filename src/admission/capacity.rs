@@ -34,7 +34,7 @@
 //!    after the RMW that sets it.
 
 use crate::Priority;
-use crate::sync::{AtomicU64, Ordering, fence};
+use crate::sync::{AtomicU64, Ordering};
 
 /// Bits of the slot word that count slots in use.
 const COUNT_BITS: u32 = 40;
@@ -272,16 +272,16 @@ impl Capacity {
         self.slots.load(Ordering::Acquire) & CLOSED != 0
     }
 
-    /// Whether `CLOSED` is set, as seen by a request that has just charged its rates. `close` sets
-    /// `CLOSED`, then makes a `Release` read-modify-write that changes nothing on every bucket
-    /// (`order_later_charges`). A charge is a compare-and-swap on its bucket: if it comes after that
-    /// no-op in the bucket's modification order, the `Acquire` fence here makes `CLOSED` visible;
-    /// otherwise `close` read the charge before it returned. Either way no grant follows a `close` that
-    /// has returned without its charges being visible to whoever acts after `close`.
-    #[inline]
-    pub(crate) fn is_closed_after_charges(&self) -> bool {
-        fence(Ordering::Acquire);
-        self.slots.load(Ordering::Relaxed) & CLOSED != 0
+    /// Whether `CLOSED` is set, read by a read-modify-write, so that it is ordered against `close`: if
+    /// this sees the word before `close` wrote it, everything the caller did before (charging a bucket)
+    /// is visible to whoever reads `CLOSED` afterwards — `close` itself, `is_closed`, a request refused
+    /// `Closed`; otherwise this sees `CLOSED`. A fence and a plain load are not enough: a `Release` no-op
+    /// on every bucket made by `close` orders a late charge after `close` returns, but not after an
+    /// observer that saw `CLOSED` before those no-ops ran (the loom models
+    /// `an_observer_that_saw_closed_never_sees_a_later_grant` and
+    /// `a_request_refused_closed_never_sees_a_later_grant` fail on it).
+    pub(crate) fn is_closed_ordered(&self) -> bool {
+        self.slots.fetch_or(0, Ordering::AcqRel) & CLOSED != 0
     }
 
     /// Slots in use.

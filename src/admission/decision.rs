@@ -80,7 +80,7 @@ impl<C: Clock> Shared<C> {
 
     /// Step 1, global part: what no amount of waiting changes. Returns the request's KV units (its whole
     /// cost, prefix included) and its split around a shared prefix.
-    #[inline(always)]
+    #[inline]
     fn validate(&self, request: &Request) -> Result<(u64, Option<Split>), Rejection> {
         let total = request.total_tokens();
         if total == 0 {
@@ -171,7 +171,7 @@ impl<C: Clock> Shared<C> {
         // Step 4: rates.
         let now = now.unwrap_or_else(|| self.clock.now_nanos());
         match self.charge(request.total_tokens(), tenant.as_deref(), now) {
-            Ok((charges, _)) if charges != Charges::default() && core.capacity().is_closed_after_charges() => {
+            Ok((charges, _)) if charges != Charges::default() && core.capacity().is_closed_ordered() => {
                 // Closed while this request charged its rates: a grant now would follow `close()` (a
                 // request without rates needs no check: its take of capacity is ordered against it).
                 let handle = tenant.as_deref().map(|t| t as &dyn TenantHandle);
@@ -363,18 +363,6 @@ impl<C: Clock> Shared<C> {
         let now = self.clock.now_nanos();
         let global = if self.rates.is_empty() { Duration::ZERO } else { self.rates.wait(total, now) };
         global.max(tenant.map_or(Duration::ZERO, |t| t.rate_wait(total, now)))
-    }
-
-    /// Stops admitting (see `Admission::close`): sets `CLOSED` and ends every waiter, then orders every
-    /// later rate charge — global and of every tenant — after it, so that a `try_admit` that took its
-    /// capacity before `CLOSED` and charges a rate after `close` returns sees `CLOSED` and gives it all
-    /// back (see `Capacity::is_closed_after_charges`).
-    pub(crate) fn close(&self) {
-        self.core.close();
-        self.rates.order_later_charges();
-        if let Some(tenants) = &self.tenants {
-            tenants.order_later_charges();
-        }
     }
 
     /// Gives back exactly `charges`.

@@ -190,7 +190,7 @@ impl<C: Clock> Admission<C> {
     /// Linearizable: once `close` returns, nothing more is granted — not to a waiter, not by a dispatch pass
     /// running on another thread, not by a `try_admit` racing it.
     pub fn close(&self) {
-        self.shared.close();
+        self.shared.core.close();
     }
 
     /// Whether [`close`](Admission::close) was called.

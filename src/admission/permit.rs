@@ -55,7 +55,6 @@ pub struct Permit {
 
 impl Permit {
     /// A permit for capacity already reserved for `request`: counts the admission.
-    #[inline]
     pub(crate) fn granted(
         owner: Arc<dyn Owner>,
         request: &Request,

@@ -112,14 +112,6 @@ impl<C: Clock> Rates<C> {
         self.tokens.as_ref().map_or(Duration::ZERO, |b| b.time_until_available_at(total, now).unwrap_or(Duration::MAX))
     }
 
-    /// Orders every later charge of these buckets after what the caller did before (see
-    /// `TokenBucket::order_later_charges`): called by `close` after it set `CLOSED`.
-    pub(crate) fn order_later_charges(&self) {
-        for bucket in [&self.requests, &self.tokens].into_iter().flatten() {
-            bucket.order_later_charges();
-        }
-    }
-
     /// Gives back exactly `charge`.
     pub(crate) fn refund(&self, charge: Charge, now: u64) {
         if charge.request {

@@ -56,11 +56,8 @@
 //!
 //! # Memory orderings
 //!
-//! * `tat` is accessed with `Relaxed` loads and CASes: it is a single-word state machine that publishes
-//!   no other memory, and every decision depends on the one value the CAS validates. The one exception
-//!   is `order_later_charges`, a `Release` read-modify-write that changes nothing, made by
-//!   `Admission::close` so that a charge racing it can tell, with an `Acquire` fence, that the admission
-//!   was closed first (see `admission/decision.rs`).
+//! * `tat` is only ever accessed with `Relaxed` loads and CASes: it is a single-word state machine that
+//!   publishes no other memory, and every decision depends on the one value the CAS validates.
 //! * The configuration fields are atomics guarded by a seqlock (`version`, odd while being written);
 //!   `config.rs` gives the orderings of both sides and why a torn read is always retried.
 //!

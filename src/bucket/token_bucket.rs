@@ -316,15 +316,6 @@ impl<C: Clock> TokenBucket<C> {
         }
     }
 
-    /// A read-modify-write on the state that changes nothing, with `Release`: an acquire whose
-    /// compare-and-swap comes after it in the state's modification order, followed by an `Acquire`
-    /// fence, sees everything the caller did before this call. `Admission::close` uses it so that a
-    /// `try_admit` charging this bucket while `close` runs either sees the admission closed or has its
-    /// charge visible to whoever acts after `close` returns.
-    pub(crate) fn order_later_charges(&self) {
-        self.tat.fetch_add(0, Ordering::Release);
-    }
-
     /// Changes the refill rate and the burst at run time, keeping the tokens currently available (capped
     /// at the new burst).
     ///

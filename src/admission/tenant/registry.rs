@@ -157,18 +157,6 @@ impl<C: Clock> TenantRegistry<C> {
         self.config.limits_of(id).1.cloned()
     }
 
-    /// Orders every later rate charge of every tenant tracked now (and of the overflow tenant) after
-    /// what the caller did before (see [`Rates::order_later_charges`](crate::admission::rates::Rates)).
-    /// A tenant inserted later was inserted after the caller's earlier steps were visible to it.
-    pub(crate) fn order_later_charges(&self) {
-        self.overflow.order_later_charges();
-        for shard in &self.shards {
-            for state in sync::read(shard).values() {
-                state.order_later_charges();
-            }
-        }
-    }
-
     /// In-flight counts of the busiest tenants, busiest first, for metrics.
     pub(crate) fn top_in_flight(&self, n: usize) -> Vec<(TenantId, u64)> {
         let mut all: Vec<(TenantId, u64)> = self

@@ -171,11 +171,6 @@ impl<C: Clock> TenantState<C> {
         self.rates.charge(tokens, now)
     }
 
-    /// See [`Rates::order_later_charges`].
-    pub(crate) fn order_later_charges(&self) {
-        self.rates.order_later_charges();
-    }
-
     /// Whether the tenant has rates at all.
     #[inline]
     pub(crate) fn has_rates(&self) -> bool {
