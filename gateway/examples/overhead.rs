@@ -3,7 +3,11 @@
 //!
 //! ```text
 //! cargo run --release -p kvgate-gateway --example overhead -- [--seconds 5] [--rate 1000] [--clients 32]
+//! cargo run --release -p kvgate-gateway --example overhead -- --only 2 --clients 1    # one target, closed loop
+//! cargo run --release -p kvgate-gateway --example overhead -- --only-rate 2 --rate 200 # one target, fixed rate
 //! ```
+//!
+//! Targets by index: 0 direct, 1 bare proxy, 2 kvgate, 3 kvgate with an API key.
 //!
 //! Everything runs in this process on loopback: an upstream that answers every chat completion at once
 //! with a fixed JSON body; a bare reverse proxy (axum + hyper's client: read the body, forward it, pass the
@@ -48,10 +52,12 @@ struct Args {
     rounds: usize,
     /// Only this target (its index), saturation only: for profiling one path.
     only: Option<usize>,
+    /// Only this target (its index), at the fixed rate only: for profiling one path at a given load.
+    only_rate: Option<usize>,
 }
 
 fn args() -> Args {
-    let mut args = Args { seconds: 5.0, rate: 1000.0, clients: 32, rounds: 2, only: None };
+    let mut args = Args { seconds: 5.0, rate: 1000.0, clients: 32, rounds: 2, only: None, only_rate: None };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let value = it.next().unwrap_or_else(|| panic!("{flag} needs a value"));
@@ -62,7 +68,8 @@ fn args() -> Args {
             "--clients" => args.clients = number as usize,
             "--rounds" => args.rounds = number as usize,
             "--only" => args.only = Some(number as usize),
-            _ => panic!("unknown flag {flag} (--seconds, --rate, --clients, --rounds)"),
+            "--only-rate" => args.only_rate = Some(number as usize),
+            _ => panic!("unknown flag {flag} (--seconds, --rate, --clients, --rounds, --only, --only-rate)"),
         }
     }
     args
@@ -270,6 +277,13 @@ async fn main() {
     ];
     let client: HttpClient =
         Client::builder(TokioExecutor::new()).pool_max_idle_per_host(1024).build(HttpConnector::new());
+    if let Some(i) = args.only_rate {
+        let (mut latencies, failed) = fixed_rate(&client, &targets[i], args.rate, args.seconds).await;
+        latencies.sort_by(f64::total_cmp);
+        let (p50, p99) = (percentile(&latencies, 0.5), percentile(&latencies, 0.99));
+        println!("{}: {} requests/s, p50 {p50:.1} µs, p99 {p99:.1} µs, {failed} failed", targets[i].name, args.rate);
+        return;
+    }
     if let Some(i) = args.only {
         let (latencies, failed, rate) = saturation(&client, &targets[i], args.clients, args.seconds).await;
         println!("{}: {rate:.0} requests/s, {} answered, {failed} failed", targets[i].name, latencies.len());
