@@ -238,7 +238,21 @@ fn run(seed: u64, out: Option<PathBuf>) -> Result<(), String> {
     ));
 
     // 5 and 6: token fairness and deadline shedding.
-    fairness(&plan, &engine, seed).map_err(|e| e.to_string())?;
+    let fairness_plot = fairness(&plan, &engine, seed).map_err(|e| e.to_string())?;
+    let groups: Vec<(String, &Report)> = fairness_plot.iter().map(|(label, report)| (label.clone(), report)).collect();
+    files.push((
+        "policy-fairness.svg",
+        plot::served_tokens(
+            &groups,
+            &[
+                (Workload::script_tenant(0), "questions: 200 tokens in, 20 out"),
+                (Workload::script_tenant(1), "documents: 4,000 tokens in, 400 out"),
+            ],
+            (1, 2),
+            "Two backlogged tenants, 600 s: tokens served by request fairness and by token fairness",
+        )
+        .map_err(|e| e.to_string())?,
+    ));
     let deadline_plot = deadlines(&plan, &engine, seed).map_err(|e| e.to_string())?;
     files.push((
         "policy-deadlines.svg",
@@ -264,8 +278,9 @@ fn run(seed: u64, out: Option<PathBuf>) -> Result<(), String> {
 
 /// Section 5, two backlogged tenants, one sending questions and one documents 20 times their size, served by
 /// requests and by tokens, at weights 1:1 and 2:1 (the questions' tenant at 2): the tokens each was
-/// served (prompt 1, output 2, as `Fairness::tokens()` charges them) over its weight.
-fn fairness(plan: &GpuPlan, engine: &EngineConfig, seed: u64) -> Result<(), ConfigError> {
+/// served (prompt 1, output 2, as `Fairness::tokens()` charges them) over its weight. Returns each run's
+/// report, labelled, for the plot.
+fn fairness(plan: &GpuPlan, engine: &EngineConfig, seed: u64) -> Result<Vec<(String, Report)>, ConfigError> {
     let tenants = vec![HeavyUser::fixed(256, 200, 20), HeavyUser::fixed(256, 4000, 400)];
     let mut scenario = Scenario::backlogged_tenants(plan.clone(), engine.clone(), tenants, Duration::from_secs(600))?;
     scenario.seed = seed;
@@ -278,6 +293,7 @@ fn fairness(plan: &GpuPlan, engine: &EngineConfig, seed: u64) -> Result<(), Conf
         "| fairness | weights (questions : documents) | requests served | tokens served (M) | per weight, questions / documents | Jain | difference (M tokens) |"
     );
     println!("|---|---|---:|---:|---:|---:|---:|");
+    let mut plotted = Vec::new();
     for (fairness, weight) in
         [(Fairness::Requests, 1), (Fairness::tokens(), 1), (Fairness::Requests, 2), (Fairness::tokens(), 2)]
     {
@@ -305,9 +321,11 @@ fn fairness(plan: &GpuPlan, engine: &EngineConfig, seed: u64) -> Result<(), Conf
             jain_index(&per_weight),
             (per_weight[0] - per_weight[1]).abs() / 1e6
         );
+        let short = if matches!(fairness, Fairness::Requests) { "by requests" } else { "by tokens" };
+        plotted.push((format!("{short}, weights {weight}:1"), report));
     }
     println!();
-    Ok(())
+    Ok(plotted)
 }
 
 /// Section 6, chat traffic at 3x, every request carrying a 2-s TTFT deadline: kvgate's queue without shedding

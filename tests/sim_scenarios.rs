@@ -125,6 +125,13 @@ fn the_same_seed_gives_byte_identical_output() {
             plot::time_series(r, "t").unwrap(),
             plot::ttft_cdf(r, "c", 2.0).unwrap(),
             plot::tries_per_request(r, "r").unwrap(),
+            plot::served_tokens(
+                &[("a".to_owned(), &r[0]), ("b".to_owned(), &r[1])],
+                &[(0, "t0"), (1, "t1")],
+                (1, 2),
+                "s",
+            )
+            .unwrap(),
         )
     };
     assert_eq!(svg(&reports), svg(&reports));

@@ -309,3 +309,77 @@ pub fn tries_per_request(reports: &[Report], title: &str) -> Result<String, Plot
     }
     Ok(svg)
 }
+
+/// Grouped bars of the tokens each of `tenants` was served, one group per entry of `groups` (a label and
+/// its report), one bar per tenant (coloured by its place in `tenants`, named in the legend), in millions
+/// of tokens — each prompt token counted `weights.0` times and each output token `weights.1` times, as
+/// [`Fairness::Tokens`](crate::Fairness::Tokens) counts them. The value is written above each bar.
+///
+/// # Errors
+///
+/// [`PlotError`] if the backend fails.
+pub fn served_tokens(
+    groups: &[(String, &Report)],
+    tenants: &[(u64, &str)],
+    weights: (u32, u32),
+    title: &str,
+) -> Result<String, PlotError> {
+    let served = |report: &Report, tenant: u64| {
+        let t = report.tenants.iter().find(|t| t.tenant == tenant).copied().unwrap_or_default();
+        t.served(weights.0, weights.1) as f64 / 1e6
+    };
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (1000, 520)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let n = groups.len().max(1);
+        let y_max = groups
+            .iter()
+            .flat_map(|(_, report)| tenants.iter().map(|&(tenant, _)| served(report, tenant)))
+            .fold(1e-3, f64::max)
+            * 1.2;
+        let names: Vec<String> = groups.iter().map(|(label, _)| label.clone()).collect();
+        let mut chart = ChartBuilder::on(&root)
+            .margin(12)
+            .caption(title, (FONT, 20))
+            .x_label_area_size(40)
+            .y_label_area_size(60)
+            .build_cartesian_2d(-0.5..(n as f64 - 0.5), 0.0..y_max)?;
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .x_labels(n)
+            .x_label_formatter(&|x| {
+                let i = x.round();
+                if (x - i).abs() < 1e-6 && i >= 0.0 {
+                    names.get(i as usize).cloned().unwrap_or_default()
+                } else {
+                    String::new()
+                }
+            })
+            .y_desc(format!("tokens served (M; prompt x{}, output x{})", weights.0, weights.1))
+            .light_line_style(WHITE)
+            .draw()?;
+        let width = 0.8 / tenants.len().max(1) as f64;
+        for (k, &(tenant, name)) in tenants.iter().enumerate() {
+            let bars: Vec<(f64, f64)> = groups
+                .iter()
+                .enumerate()
+                .map(|(i, (_, report))| (i as f64 - 0.4 + width * k as f64, served(report, tenant)))
+                .collect();
+            let style = colour(k).filled();
+            chart
+                .draw_series(
+                    bars.iter().map(|&(x, y)| Rectangle::new([(x + 0.02, 0.0), (x + width - 0.02, y)], style)),
+                )?
+                .label(name)
+                .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 14, y + 5)], style));
+            chart.draw_series(bars.iter().map(|&(x, y)| {
+                Text::new(format!("{y:.2}"), (x + 0.03, y + y_max * 0.02), (FONT, 12).into_font().color(&BLACK))
+            }))?;
+        }
+        legend(&mut chart, SeriesLabelPosition::UpperRight)?;
+        root.present()?;
+    }
+    Ok(svg)
+}
