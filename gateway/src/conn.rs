@@ -129,9 +129,10 @@ async fn connection(
     } else if error.is_timeout() {
         metrics::connection_closed("header_timeout");
         // Bytes hyper read but could not parse yet are a request cut short (also one pipelined behind an
-        // answered one); an idle keep-alive connection has none. Best effort: tell the client why.
+        // answered one); an idle keep-alive connection has none but, at most, the empty lines a client may
+        // send between requests (RFC 9112, 2.2). Best effort: tell the client why.
         let parts = conn.into_parts();
-        if !parts.read_buf.is_empty() {
+        if parts.read_buf.iter().any(|b| !matches!(b, b'\r' | b'\n')) {
             let _ = parts.io.into_inner().stream.try_write(REQUEST_TIMEOUT);
         }
     }
