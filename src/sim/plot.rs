@@ -6,6 +6,7 @@
 
 use super::report::{Report, TimeSeries};
 use plotters::coord::Shift;
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 use std::fmt;
 
@@ -266,21 +267,7 @@ pub fn tries_per_request(reports: &[Report], title: &str) -> Result<String, Plot
             .x_label_area_size(40)
             .y_label_area_size(60)
             .build_cartesian_2d(-0.5..(n as f64 - 0.2), 0.0..y_max)?;
-        chart
-            .configure_mesh()
-            .disable_x_mesh()
-            .x_labels(n)
-            .x_label_formatter(&|x| {
-                let i = x.round();
-                if (x - i).abs() < 1e-6 && i >= 0.0 {
-                    names.get(i as usize).cloned().unwrap_or_default()
-                } else {
-                    String::new()
-                }
-            })
-            .y_desc("tries per request (mean)")
-            .light_line_style(WHITE)
-            .draw()?;
+        category_mesh(&mut chart, &names, "tries per request (mean)")?;
         for (i, report) in reports.iter().enumerate() {
             let x = i as f64;
             let bar = Rectangle::new([(x - 0.3, 0.0), (x + 0.3, report.tries_per_request)], colour(i).filled());
@@ -339,27 +326,14 @@ pub fn served_tokens(
             .fold(1e-3, f64::max)
             * 1.2;
         let names: Vec<String> = groups.iter().map(|(label, _)| label.clone()).collect();
+        let y_desc = format!("tokens served (M; prompt x{}, output x{})", weights.0, weights.1);
         let mut chart = ChartBuilder::on(&root)
             .margin(12)
             .caption(title, (FONT, 20))
             .x_label_area_size(40)
             .y_label_area_size(60)
             .build_cartesian_2d(-0.5..(n as f64 - 0.5), 0.0..y_max)?;
-        chart
-            .configure_mesh()
-            .disable_x_mesh()
-            .x_labels(n)
-            .x_label_formatter(&|x| {
-                let i = x.round();
-                if (x - i).abs() < 1e-6 && i >= 0.0 {
-                    names.get(i as usize).cloned().unwrap_or_default()
-                } else {
-                    String::new()
-                }
-            })
-            .y_desc(format!("tokens served (M; prompt x{}, output x{})", weights.0, weights.1))
-            .light_line_style(WHITE)
-            .draw()?;
+        category_mesh(&mut chart, &names, &y_desc)?;
         let width = 0.8 / tenants.len().max(1) as f64;
         for (k, &(tenant, name)) in tenants.iter().enumerate() {
             let bars: Vec<(f64, f64)> = groups
@@ -382,4 +356,28 @@ pub fn served_tokens(
         root.present()?;
     }
     Ok(svg)
+}
+
+/// The mesh of a bar chart: one category per whole x from 0, named by `names` on the axis.
+fn category_mesh<'a>(
+    chart: &mut ChartContext<'a, SVGBackend<'a>, Cartesian2d<RangedCoordf64, RangedCoordf64>>,
+    names: &[String],
+    y_desc: &str,
+) -> Result<(), PlotError> {
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(names.len().max(1))
+        .x_label_formatter(&|x| {
+            let i = x.round();
+            if (x - i).abs() < 1e-6 && i >= 0.0 {
+                names.get(i as usize).cloned().unwrap_or_default()
+            } else {
+                String::new()
+            }
+        })
+        .y_desc(y_desc)
+        .light_line_style(WHITE)
+        .draw()?;
+    Ok(())
 }
