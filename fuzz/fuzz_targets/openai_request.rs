@@ -5,16 +5,42 @@
 //! are also fed to `OutputTokens` as a response body, whole and cut in two at a point the selector
 //! picks: the count must not depend on where the frames were cut.
 //!
+//! - the body is read as `serde_json::Value` reads it: what `Value` refuses is refused as invalid JSON,
+//!   a body that is not an object as such, and a parsed request came from a JSON object;
 //! - a parsed request has `prompt_tokens >= 1`, `1 <= max_tokens <= max_output_tokens`, the default when
 //!   the client set no limit, and a forwarded body that is a JSON object whose `max_tokens`, and every
-//!   other generation limit it has, equals the reservation;
+//!   other generation limit it has — every occurrence of each, a repeated field included — equals the
+//!   reservation;
 //! - a refusal has status 400 or 413, a code and a message.
 #![no_main]
 
 use bytes::Bytes;
-use kvgate::openai::{Endpoint, GENERATION_LIMITS, OutputTokens, Parser};
+use kvgate::openai::{Endpoint, GENERATION_LIMITS, OutputTokens, ParseError, Parser};
 use kvgate::stream::OutputCounter;
 use libfuzzer_sys::fuzz_target;
+
+/// A JSON object's fields in order, repeated ones included (`serde_json::Map` keeps only the last).
+struct Fields(Vec<(String, serde_json::Value)>);
+
+impl<'de> serde::Deserialize<'de> for Fields {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = Fields;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Fields, A::Error> {
+                let mut fields = Vec::new();
+                while let Some(field) = map.next_entry()? {
+                    fields.push(field);
+                }
+                Ok(Fields(fields))
+            }
+        }
+        deserializer.deserialize_map(Visit)
+    }
+}
 
 fn count(frames: &[&[u8]]) -> Option<u32> {
     let mut counter = OutputTokens::new();
@@ -28,7 +54,16 @@ fuzz_target!(|data: &[u8]| {
     let default_max_tokens = u32::from(selector >> 4) * 64 + 1;
     let max_output_tokens = u32::from((selector >> 1) & 7) * 1000 + 1;
     let parser = Parser::new().default_max_tokens(default_max_tokens).max_output_tokens(max_output_tokens);
-    match parser.parse(endpoint, Bytes::copy_from_slice(body)) {
+    let value = serde_json::from_slice::<serde_json::Value>(body);
+    let parsed = parser.parse(endpoint, Bytes::copy_from_slice(body));
+    match (&value, &parsed) {
+        (Err(_), Err(error)) => assert!(matches!(error, ParseError::InvalidJson(_)), "{error}"),
+        (Err(e), Ok(_)) => panic!("serde_json refuses the body ({e}), the parser read it"),
+        (Ok(v), Ok(_)) => assert!(v.is_object()),
+        (Ok(v), Err(error)) if !v.is_object() => assert!(matches!(error, ParseError::NotAnObject), "{error}"),
+        (Ok(_), Err(error)) => assert!(!matches!(error, ParseError::InvalidJson(_) | ParseError::NotAnObject), "{error}"),
+    }
+    match parsed {
         Ok(request) => {
             assert!(request.prompt_tokens >= 1);
             assert!(request.max_tokens >= 1 && request.max_tokens <= max_output_tokens);
@@ -38,10 +73,9 @@ fuzz_target!(|data: &[u8]| {
             let forwarded: serde_json::Value = serde_json::from_slice(request.forward_body()).expect("forwarded JSON");
             let object = forwarded.as_object().expect("a JSON object");
             assert_eq!(object.get("max_tokens").and_then(|v| v.as_u64()), Some(u64::from(request.max_tokens)));
-            for field in GENERATION_LIMITS {
-                if let Some(value) = object.get(field) {
-                    assert_eq!(value.as_u64(), Some(u64::from(request.max_tokens)), "{field}");
-                }
+            let Fields(fields) = serde_json::from_slice(request.forward_body()).expect("forwarded JSON");
+            for (field, value) in fields.iter().filter(|(field, _)| GENERATION_LIMITS.contains(&field.as_str())) {
+                assert_eq!(value.as_u64(), Some(u64::from(request.max_tokens)), "{field}");
             }
             let _ = request.request().total_tokens();
         }

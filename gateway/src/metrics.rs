@@ -61,10 +61,23 @@ pub fn invalid(code: &'static str) {
 }
 
 /// Counts an answer to a completion request.
-pub fn response(status: u16, tenant: Option<&str>) {
-    let tenant = tenant.unwrap_or("none").to_owned();
-    metrics::counter!("kvgate_gateway_responses_total", "status" => status.to_string(), "tenant" => tenant)
-        .increment(1);
+/// `tenant` is its label: the tenant's name, `unlisted`, or `None` for `none`.
+pub fn response(status: u16, tenant: Option<metrics::SharedString>) {
+    // The statuses the gateway answers with, as static labels (no text made per answer).
+    let status: metrics::SharedString = match status {
+        200 => "200".into(),
+        400 => "400".into(),
+        401 => "401".into(),
+        408 => "408".into(),
+        413 => "413".into(),
+        429 => "429".into(),
+        502 => "502".into(),
+        503 => "503".into(),
+        504 => "504".into(),
+        other => other.to_string().into(),
+    };
+    let tenant = tenant.unwrap_or_else(|| "none".into());
+    metrics::counter!("kvgate_gateway_responses_total", "status" => status, "tenant" => tenant).increment(1);
 }
 
 /// Counts an upstream failure.

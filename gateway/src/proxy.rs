@@ -26,11 +26,12 @@ use crate::error::ApiError;
 use axum::body::Body;
 use bytes::{Bytes, BytesMut};
 use futures::{Stream, StreamExt};
-use http::StatusCode;
+use http::{HeaderValue, StatusCode};
 use http_body_util::{BodyDataStream, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use kvgate::openai::Endpoint;
 use std::convert::Infallible;
 use std::time::Duration;
 
@@ -47,6 +48,8 @@ pub struct Proxy {
     probe: HttpClient,
     /// Base URL ending in `/v1`.
     base: String,
+    /// The upstream's chat, completions and models URLs, parsed once (a clone shares their text).
+    uris: Uris,
     /// `http://host:port`, for the health path and the engine's `/metrics`.
     origin: String,
     /// The base URL without credentials, for logs.
@@ -60,6 +63,32 @@ pub struct Proxy {
 impl std::fmt::Debug for Proxy {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Proxy").field("upstream", &self.shown).field("timeout", &self.timeout).finish_non_exhaustive()
+    }
+}
+
+/// The URLs requests go to.
+#[derive(Clone)]
+struct Uris {
+    chat: http::Uri,
+    completions: http::Uri,
+    models: http::Uri,
+}
+
+impl Uris {
+    fn under(base: &str) -> Result<Self, http::uri::InvalidUri> {
+        let uri = |path: &str| format!("{base}{path}").parse::<http::Uri>();
+        Ok(Self {
+            chat: uri(Endpoint::Chat.path())?,
+            completions: uri(Endpoint::Completions.path())?,
+            models: uri("/models")?,
+        })
+    }
+
+    fn of(&self, endpoint: Endpoint) -> &http::Uri {
+        match endpoint {
+            Endpoint::Chat => &self.chat,
+            Endpoint::Completions => &self.completions,
+        }
     }
 }
 
@@ -103,9 +132,9 @@ impl Proxy {
             Ok(uri) if uri.scheme_str() == Some("http") && uri.host().is_some() => {}
             _ => return Err(format!("--upstream {}: not a valid http:// URL", redact(&base))),
         }
-        let origin = match base.parse::<http::Uri>() {
-            Ok(uri) => format!("http://{}", uri.authority().map_or("", |a| a.as_str())),
-            Err(_) => unreachable!("checked above"),
+        let (origin, uris) = match (base.parse::<http::Uri>(), Uris::under(&base)) {
+            (Ok(uri), Ok(uris)) => (format!("http://{}", uri.authority().map_or("", |a| a.as_str())), uris),
+            _ => return Err(format!("--upstream {}: not a valid http:// URL", redact(&base))),
         };
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(timeout.min(Duration::from_secs(5))));
@@ -116,7 +145,7 @@ impl Proxy {
             .map(|key| http::HeaderValue::from_str(&format!("Bearer {key}")))
             .transpose()
             .map_err(|_| "--upstream-api-key: not a valid header value".to_owned())?;
-        Ok(Self { client, probe, shown: redact(&base), base, origin, timeout, api_key })
+        Ok(Self { client, probe, shown: redact(&base), base, uris, origin, timeout, api_key })
     }
 
     /// The base URL without credentials (ending in `/v1`).
@@ -124,20 +153,21 @@ impl Proxy {
         &self.shown
     }
 
-    /// Forwards a completion request's body (every generation limit already set to the reservation).
-    /// `client_auth` is the client's `Authorization`, passed on only without an `--upstream-api-key`.
-    /// `headers` go along (the request id and trace context).
+    /// Forwards a completion request's body (every generation limit already set to the reservation) to
+    /// `endpoint` upstream. `client_auth` is the client's `Authorization`, passed on only without an
+    /// `--upstream-api-key`. `headers` go along (the request id and trace context).
     pub async fn complete(
         &self,
-        path: &str,
+        endpoint: Endpoint,
         body: bytes::Bytes,
         client_auth: Option<&http::HeaderValue>,
-        headers: &[(&'static str, String)],
+        headers: impl IntoIterator<Item = (http::HeaderName, http::HeaderValue)>,
     ) -> http::Response<Body> {
-        let mut request =
-            self.request(http::Method::POST, path, client_auth).header(http::header::CONTENT_TYPE, "application/json");
+        let mut request = self
+            .request(http::Method::POST, self.uris.of(endpoint), client_auth)
+            .header(http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
         for (name, value) in headers {
-            request = request.header(*name, value.as_str());
+            request = request.header(name, value);
         }
         self.pass_through(request.body(Full::new(body))).await
     }
@@ -189,18 +219,18 @@ impl Proxy {
 
     /// `GET /v1/models` upstream.
     pub async fn models(&self, client_auth: Option<&http::HeaderValue>) -> http::Response<Body> {
-        let request = self.request(http::Method::GET, "/models", client_auth).body(Full::default());
+        let request = self.request(http::Method::GET, &self.uris.models, client_auth).body(Full::default());
         self.pass_through(request).await
     }
 
-    /// A request to `path` under the base URL, with the upstream key (or the client's).
+    /// A request to `uri` (under the base URL), with the upstream key (or the client's).
     fn request(
         &self,
         method: http::Method,
-        path: &str,
+        uri: &http::Uri,
         client_auth: Option<&http::HeaderValue>,
     ) -> http::request::Builder {
-        let builder = http::Request::builder().method(method).uri(format!("{}{path}", self.base));
+        let builder = http::Request::builder().method(method).uri(uri.clone());
         match self.api_key.as_ref().or(client_auth) {
             Some(auth) => builder.header(http::header::AUTHORIZATION, auth),
             None => builder,

@@ -592,12 +592,12 @@ async fn front_door(State(gateway): State<Gateway>, mut request: axum::extract::
         Err(KeyError::Missing) => {
             let message = "this gateway needs an API key: Authorization: Bearer <key>";
             let response = refuse(ApiError::new(StatusCode::UNAUTHORIZED, "missing_api_key", message));
-            return finish(&gateway, response, RequestContext::anonymous(trace, arrived));
+            return finish(&gateway, response, &RequestContext::anonymous(trace, arrived));
         }
         Err(KeyError::Unknown) => {
             let message = "the API key is not known to this gateway";
             let response = refuse(ApiError::new(StatusCode::UNAUTHORIZED, "invalid_api_key", message));
-            return finish(&gateway, response, RequestContext::anonymous(trace, arrived));
+            return finish(&gateway, response, &RequestContext::anonymous(trace, arrived));
         }
     };
     let own = caller.as_ref().map_or(Priority::Normal, |c| c.priority);
@@ -606,7 +606,7 @@ async fn front_door(State(gateway): State<Gateway>, mut request: axum::extract::
         Err(message) => {
             let response = refuse(ApiError::new(StatusCode::BAD_REQUEST, "invalid_priority", message));
             let context = RequestContext { trace, caller, listed, priority: own, ttft_deadline: None, arrived };
-            return finish(&gateway, response, context);
+            return finish(&gateway, response, &context);
         }
     };
     let ttft_deadline = match request_ttft_deadline(config.ttft_deadline, request.headers()) {
@@ -616,18 +616,19 @@ async fn front_door(State(gateway): State<Gateway>, mut request: axum::extract::
             return finish(
                 &gateway,
                 response,
-                RequestContext { trace, caller, listed, priority, ttft_deadline: None, arrived },
+                &RequestContext { trace, caller, listed, priority, ttft_deadline: None, arrived },
             );
         }
     };
-    let context = RequestContext { trace, caller, listed, priority, ttft_deadline, arrived };
-    request.extensions_mut().insert(context.clone());
+    // Shared with the steps behind (they read it from the request's extensions), never copied.
+    let context = Arc::new(RequestContext { trace, caller, listed, priority, ttft_deadline, arrived });
+    request.extensions_mut().insert(Arc::clone(&context));
     let response = next.run(request).await;
-    finish(&gateway, response, context)
+    finish(&gateway, response, &context)
 }
 
 /// The answer on its way out: headers, counts, and the body that logs and charges when it ends.
-fn finish(gateway: &Gateway, mut response: Response, context: RequestContext) -> Response {
+fn finish(gateway: &Gateway, mut response: Response, context: &RequestContext) -> Response {
     let inner = &gateway.inner;
     let status = response.status().as_u16();
     if let Ok(id) = HeaderValue::from_str(&context.trace.request_id) {
@@ -637,7 +638,8 @@ fn finish(gateway: &Gateway, mut response: Response, context: RequestContext) ->
         // Shutting down: another replica (or this one, restarted) answers.
         kvgate::http::insert_retry_after(response.headers_mut(), Duration::from_secs(1));
     }
-    let tenant = context.caller.as_ref().map(|c| if context.listed { &*c.name } else { "unlisted" });
+    let tenant =
+        context.caller.as_ref().map(|c| if context.listed { Arc::clone(&c.name).into() } else { "unlisted".into() });
     metrics::response(status, tenant);
     let served = response.extensions_mut().remove::<Served>();
     #[cfg(feature = "otel")]
@@ -772,7 +774,7 @@ async fn read(
         response
     };
     let endpoint = Endpoint::from_path(request.uri().path()).unwrap_or(Endpoint::Chat);
-    let context = request.extensions().get::<RequestContext>().cloned();
+    let context = request.extensions().get::<Arc<RequestContext>>().cloned();
     let max = config.max_body_bytes;
     let too_large = || {
         let message = format!("the request body exceeds {} ({max} bytes)", units::bytes(max as u64));
@@ -877,7 +879,7 @@ async fn complete(gateway: Gateway, request: http::Request<Forward>) -> Result<R
     let (parts, forward) = request.into_parts();
     let admitted = parts.extensions.get::<kvgate::Request>().copied().expect("the admission layer inserts it");
     let grant = parts.extensions.get::<Grant>().cloned().expect("the gate inserts its grant");
-    let context = parts.extensions.get::<RequestContext>().cloned();
+    let context = parts.extensions.get::<Arc<RequestContext>>().cloned();
     let upstream = &grant.upstream;
     let mut response = match &upstream.backend {
         Backend::Simulated(sim) => {
@@ -885,13 +887,14 @@ async fn complete(gateway: Gateway, request: http::Request<Forward>) -> Result<R
             sim.complete(&forward.completion, kv, &gateway.inner.served_model).await
         }
         Backend::Upstream(proxy) => {
-            let path = forward.completion.endpoint.path();
             let body = forward.completion.forward_body().clone();
-            let headers: Vec<(&'static str, String)> = context
-                .as_ref()
-                .map(|c| vec![(REQUEST_ID, c.trace.request_id.clone()), (TRACEPARENT, c.trace.traceparent())])
-                .unwrap_or_default();
-            let response = proxy.complete(path, body, forward.client_auth.as_ref(), &headers).await;
+            let headers = context.as_ref().into_iter().flat_map(|c| {
+                let id = HeaderValue::from_str(&c.trace.request_id).ok().map(|id| (REQUEST_ID, id));
+                let parent = HeaderValue::try_from(c.trace.traceparent()).ok().map(|tp| (TRACEPARENT, tp));
+                id.into_iter().chain(parent)
+            });
+            let endpoint = forward.completion.endpoint;
+            let response = proxy.complete(endpoint, body, forward.client_auth.as_ref(), headers).await;
             if upstream.answered(response.status().as_u16() < 500) {
                 eprintln!("kvgate-gateway: upstream {} taken out after failed answers in a row", upstream.name);
                 gateway.capacity_changed();

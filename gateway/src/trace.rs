@@ -26,9 +26,9 @@ use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The request-id header.
-pub const REQUEST_ID: &str = "x-request-id";
+pub const REQUEST_ID: http::HeaderName = http::HeaderName::from_static("x-request-id");
 /// The W3C trace-context header.
-pub const TRACEPARENT: &str = "traceparent";
+pub const TRACEPARENT: http::HeaderName = http::HeaderName::from_static("traceparent");
 
 /// The longest request id taken from a client (a longer one is replaced).
 const MAX_REQUEST_ID: usize = 128;
@@ -59,6 +59,18 @@ fn next_id() -> u64 {
     kvgate::retry::SplitMix64::new(seed ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15)).next_u64().max(1)
 }
 
+/// `ids` as lowercase hex, 16 digits each (what `format!("{:016x}", ..)` writes, without its formatter).
+fn hex(ids: &[u64]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut text = String::with_capacity(16 * ids.len());
+    for id in ids {
+        for shift in (0..16).rev() {
+            text.push(char::from(DIGITS[((id >> (shift * 4)) & 0xf) as usize]));
+        }
+    }
+    text
+}
+
 fn is_hex(s: &str, len: usize) -> bool {
     s.len() == len && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
@@ -86,7 +98,7 @@ impl Trace {
             .and_then(|v| v.to_str().ok())
             .map(str::trim)
             .filter(|id| !id.is_empty() && id.len() <= MAX_REQUEST_ID && id.bytes().all(|b| b.is_ascii_graphic()))
-            .map_or_else(|| format!("{:016x}{:016x}", next_id(), next_id()), str::to_owned);
+            .map_or_else(|| hex(&[next_id(), next_id()]), str::to_owned);
         let parent = headers.get(TRACEPARENT).and_then(|v| v.to_str().ok()).and_then(|v| {
             let mut parts = v.trim().split('-');
             let (version, trace, span, flags) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
@@ -102,14 +114,18 @@ impl Trace {
         });
         let (trace_id, parent_span_id, flags) = match parent {
             Some((trace, span, flags)) => (trace, Some(span), flags),
-            None => (format!("{:016x}{:016x}", next_id(), next_id()), None, "01".into()),
+            None => (hex(&[next_id(), next_id()]), None, "01".into()),
         };
-        Self { request_id, trace_id, span_id: format!("{:016x}", next_id()), parent_span_id, flags }
+        Self { request_id, trace_id, span_id: hex(&[next_id()]), parent_span_id, flags }
     }
 
     /// The `traceparent` sent upstream: this trace, the gateway's span as the parent.
     pub fn traceparent(&self) -> String {
-        format!("00-{}-{}-{}", self.trace_id, self.span_id, self.flags)
+        let mut text = String::with_capacity(6 + self.trace_id.len() + self.span_id.len() + self.flags.len());
+        for part in ["00-", &self.trace_id, "-", &self.span_id, "-", &self.flags] {
+            text.push_str(part);
+        }
+        text
     }
 }
 
@@ -203,6 +219,14 @@ impl RequestLog {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ids_are_written_as_the_formatter_writes_them() {
+        for id in [0, 1, 0xf, 0x0123_4567_89ab_cdef, u64::MAX, next_id()] {
+            assert_eq!(hex(&[id]), format!("{id:016x}"));
+            assert_eq!(hex(&[id, !id]), format!("{id:016x}{:016x}", !id));
+        }
+    }
 
     #[test]
     fn bad_ids_and_trace_contexts_are_replaced() {

@@ -60,6 +60,7 @@
 
 mod error;
 mod estimate;
+mod json;
 mod output;
 mod request;
 

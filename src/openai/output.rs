@@ -135,7 +135,7 @@ impl OutputTokens {
         let mut window = std::mem::take(&mut self.pending);
         window.extend_from_slice(bytes);
         let mut from = 0;
-        while let Some(at) = find(&window[from..], KEY).map(|i| i + from) {
+        while let Some(at) = find_key(&window[from..]).map(|i| i + from) {
             from = at + 1;
             let absolute = self.offset + at;
             if self.last_match.is_some_and(|last| absolute <= last) {
@@ -166,8 +166,11 @@ fn skip_space(bytes: &[u8]) -> &[u8] {
     &bytes[n..]
 }
 
-fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    haystack.windows(needle.len()).position(|w| w == needle)
+/// The first [`KEY`] in `haystack` (a searcher built once).
+fn find_key(haystack: &[u8]) -> Option<usize> {
+    static FINDER: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+        std::sync::LazyLock::new(|| memchr::memmem::Finder::new(KEY));
+    FINDER.find(haystack)
 }
 
 impl<T: AsRef<[u8]> + ?Sized> OutputCounter<T> for OutputTokens {

@@ -3,9 +3,9 @@
 
 use super::error::ParseError;
 use super::estimate::{Heuristic, PromptEstimator};
+use super::json::{Json, Object};
 use super::output::OutputTokens;
 use bytes::Bytes;
-use serde_json::{Map, Value};
 use std::fmt;
 use std::sync::Arc;
 
@@ -163,20 +163,20 @@ impl Parser {
     /// `use_beam_search`, a generation limit that is not a positive integer (400), or one above
     /// [`max_output_tokens`](Parser::max_output_tokens) (413).
     pub fn parse(&self, endpoint: Endpoint, body: Bytes) -> Result<CompletionRequest, ParseError> {
-        let value: Value = serde_json::from_slice(&body).map_err(|e| ParseError::InvalidJson(e.to_string()))?;
-        let Value::Object(mut json) = value else {
+        let value = Json::from_slice(&body).map_err(|e| ParseError::InvalidJson(e.to_string()))?;
+        let Json::Object(mut json) = value else {
             return Err(ParseError::NotAnObject);
         };
         let model = match json.get("model") {
-            None | Some(Value::Null) => String::new(),
-            Some(Value::String(s)) => s.clone(),
+            None | Some(Json::Null) => String::new(),
+            Some(Json::String(s)) => s.to_string(),
             Some(_) => return Err(ParseError::InvalidType { field: "model", expected: "a string" }),
         };
         let stream = optional_bool(&json, "stream")?.unwrap_or(false);
         // OpenAI's end-user id; a gateway may name tenants by it. Kept only when short.
-        let user = json.get("user").and_then(Value::as_str).filter(|u| u.len() <= MAX_USER).map(str::to_owned);
+        let user = json.get("user").and_then(Json::as_str).filter(|u| u.len() <= MAX_USER).map(str::to_owned);
         let include_usage = match json.get("stream_options") {
-            Some(Value::Object(options)) => options.get("include_usage").and_then(Value::as_bool).unwrap_or(false),
+            Some(Json::Object(options)) => options.get("include_usage").and_then(Json::as_bool).unwrap_or(false),
             _ => false,
         };
         one_sequence(&json)?;
@@ -196,9 +196,8 @@ impl Parser {
             drop(json);
             body
         } else {
-            drop(body);
             set_limits(&mut json, max_tokens);
-            Bytes::from(serde_json::to_vec(&json).expect("a JSON map serializes"))
+            Bytes::from(json.canonical_text())
         };
         Ok(CompletionRequest {
             endpoint,
@@ -291,21 +290,21 @@ impl CompletionRequest {
     }
 }
 
-fn optional_bool(json: &Map<String, Value>, field: &'static str) -> Result<Option<bool>, ParseError> {
+fn optional_bool(json: &Object<'_>, field: &'static str) -> Result<Option<bool>, ParseError> {
     match json.get(field) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Bool(b)) => Ok(Some(*b)),
+        None | Some(Json::Null) => Ok(None),
+        Some(Json::Bool(b)) => Ok(Some(*b)),
         Some(_) => Err(ParseError::InvalidType { field, expected: "a boolean" }),
     }
 }
 
 /// Refuses `n` other than 1, `best_of` above 1 and beam search: each is several sequences.
-fn one_sequence(json: &Map<String, Value>) -> Result<(), ParseError> {
+fn one_sequence(json: &Object<'_>) -> Result<(), ParseError> {
     for field in ["n", "best_of"] {
         match json.get(field) {
-            None | Some(Value::Null) => {}
+            None | Some(Json::Null) => {}
             Some(v) if v.as_u64() == Some(1) || v.as_f64() == Some(1.0) => {}
-            Some(v) => return Err(ParseError::MultipleSequences { field, value: v.to_string() }),
+            Some(v) => return Err(ParseError::MultipleSequences { field, value: v.canonical_text() }),
         }
     }
     if optional_bool(json, "use_beam_search")? == Some(true) {
@@ -315,10 +314,10 @@ fn one_sequence(json: &Map<String, Value>) -> Result<(), ParseError> {
 }
 
 /// The client's generation limit: the first field of [`GENERATION_LIMITS`] that is set.
-fn client_limit(json: &Map<String, Value>) -> Result<Option<(&'static str, u64)>, ParseError> {
+fn client_limit(json: &Object<'_>) -> Result<Option<(&'static str, u64)>, ParseError> {
     for field in GENERATION_LIMITS {
         let value = match json.get(field) {
-            None | Some(Value::Null) => continue,
+            None | Some(Json::Null) => continue,
             // llama.cpp reads a negative `n_predict` as "until the context is full": no limit given.
             Some(value) if field == "n_predict" && value.as_i64().is_some_and(|n| n < 0) => continue,
             Some(value) => value,
@@ -328,35 +327,34 @@ fn client_limit(json: &Map<String, Value>) -> Result<Option<(&'static str, u64)>
         });
         return match n {
             Some(n) if n > 0 => Ok(Some((field, n))),
-            _ => Err(ParseError::InvalidMaxTokens { field, value: value.to_string() }),
+            _ => Err(ParseError::InvalidMaxTokens { field, value: value.canonical_text() }),
         };
     }
     Ok(None)
 }
 
-/// Whether the body already says `max_tokens` in `max_tokens` and in every other limit it sets.
-fn says_everywhere(json: &Map<String, Value>, max_tokens: u32) -> bool {
-    let says = |v: &Value| v.as_u64() == Some(u64::from(max_tokens));
-    json.get("max_tokens").is_some_and(says)
-        && GENERATION_LIMITS.iter().all(|field| json.get(*field).is_none_or(says))
-        && nested_num_predict(json).is_none_or(says)
-}
-
-/// Ollama's native `options.num_predict`.
-fn nested_num_predict(json: &Map<String, Value>) -> Option<&Value> {
-    json.get("options")?.as_object()?.get("num_predict")
+/// Whether the body already says `max_tokens` in `max_tokens` and in every other limit it sets — in
+/// every occurrence of each (an engine may read the first of a repeated field, or the last), with
+/// `options` once.
+fn says_everywhere(json: &Object<'_>, max_tokens: u32) -> bool {
+    let says = |v: &Json<'_>| v.as_u64() == Some(u64::from(max_tokens));
+    json.contains_key("max_tokens")
+        && GENERATION_LIMITS.iter().all(|field| json.get_all(field).all(says))
+        && json.get_all("options").count() <= 1
+        && json.get("options").and_then(Json::as_object).is_none_or(|options| options.get_all("num_predict").all(says))
 }
 
 /// Sets every generation limit present, and `max_tokens`, to `max_tokens`.
-fn set_limits(json: &mut Map<String, Value>, max_tokens: u32) {
+fn set_limits(json: &mut Object<'_>, max_tokens: u32) {
+    let limit = || Json::Number(max_tokens.into());
     for field in GENERATION_LIMITS {
         if field == "max_tokens" || json.contains_key(field) {
-            json.insert(field.into(), Value::from(max_tokens));
+            json.set(field, limit());
         }
     }
-    if let Some(Value::Object(options)) = json.get_mut("options") {
+    if let Some(Json::Object(options)) = json.get_mut("options") {
         if options.contains_key("num_predict") {
-            options.insert("num_predict".into(), Value::from(max_tokens));
+            options.set("num_predict", limit());
         }
     }
 }
@@ -368,13 +366,10 @@ const TEMPLATE_FIELDS: [&str; 5] = ["tools", "functions", "tool_choice", "docume
 const PREFIX_ROLES: [&str; 2] = ["system", "developer"];
 
 /// The prompt estimate of a chat, and its prefix: the leading messages of a [`PREFIX_ROLES`] role.
-fn chat_tokens(
-    json: &Map<String, Value>,
-    estimator: &dyn PromptEstimator,
-) -> Result<(u32, Option<crate::Prefix>), ParseError> {
+fn chat_tokens(json: &Object<'_>, estimator: &dyn PromptEstimator) -> Result<(u32, Option<crate::Prefix>), ParseError> {
     let messages = match json.get("messages") {
         None => return Err(ParseError::MissingMessages),
-        Some(Value::Array(messages)) if !messages.is_empty() => messages,
+        Some(Json::Array(messages)) if !messages.is_empty() => messages,
         Some(_) => {
             return Err(ParseError::InvalidMessages("'messages' must be a non-empty array of {role, content}".into()));
         }
@@ -388,11 +383,11 @@ fn chat_tokens(
         let Some(message) = message.as_object() else {
             return Err(ParseError::InvalidMessages(format!("messages[{i}] must be an object")));
         };
-        if !message.get("role").is_some_and(Value::is_string) {
+        if !message.get("role").is_some_and(Json::is_string) {
             return Err(ParseError::InvalidMessages(format!("messages[{i}].role must be a string")));
         }
         match message.get("content") {
-            None | Some(Value::Null | Value::String(_) | Value::Array(_)) => {}
+            None | Some(Json::Null | Json::String(_) | Json::Array(_)) => {}
             Some(_) => {
                 return Err(ParseError::InvalidMessages(format!(
                     "messages[{i}].content must be a string or an array of parts"
@@ -401,28 +396,24 @@ fn chat_tokens(
         }
         // Every field of the message: role, content (text parts; media at a flat price), name, tool calls'
         // names and arguments, tool_call_id, reasoning — whatever the template renders.
-        let message_tokens = estimator.message_overhead().saturating_add(value_tokens(
-            &Value::Object(message.clone()),
-            estimator,
-            false,
-        ));
+        let message_tokens = estimator.message_overhead().saturating_add(object_tokens(message, estimator, false));
         tokens = tokens.saturating_add(message_tokens);
-        let role = message.get("role").and_then(Value::as_str).unwrap_or_default();
+        let role = message.get("role").and_then(Json::as_str).unwrap_or_default();
         in_prefix &= PREFIX_ROLES.contains(&role);
         if in_prefix {
             prefix_tokens = prefix_tokens.saturating_add(message_tokens);
             prefix_text.push_str(role);
             prefix_text.push('\0');
-            prefix_text.push_str(&serde_json::to_string(message).expect("a JSON map serializes"));
+            prefix_text.push_str(&message.canonical_text());
             prefix_text.push('\0');
         }
     }
     for field in TEMPLATE_FIELDS {
         let text = match json.get(field) {
-            None | Some(Value::Null) => continue,
-            Some(Value::String(text)) => text.clone(),
+            None | Some(Json::Null) => continue,
+            Some(Json::String(text)) => text.to_string(),
             // Templates render tool definitions as JSON: price the compact JSON text.
-            Some(value) => serde_json::to_string(value).expect("a JSON value serializes"),
+            Some(value) => value.canonical_text(),
         };
         tokens = tokens.saturating_add(estimator.text_tokens(&text));
         // Templates often render tools into the system prompt: requests share a prefix only with the same.
@@ -438,42 +429,47 @@ fn chat_tokens(
 /// The text tokens of every string in `value` (object keys excluded). In a message's `content` array
 /// (`in_content`), a part whose `type` is not text (an image, audio, a file) is priced at
 /// [`PromptEstimator::media_tokens`] instead of its payload.
-fn value_tokens(value: &Value, estimator: &dyn PromptEstimator, in_content: bool) -> u32 {
+fn value_tokens(value: &Json<'_>, estimator: &dyn PromptEstimator, in_content: bool) -> u32 {
     match value {
-        Value::String(text) => estimator.text_tokens(text),
-        Value::Array(items) => {
+        Json::String(text) => estimator.text_tokens(text),
+        Json::Array(items) => {
             items.iter().fold(0u32, |sum, item| sum.saturating_add(value_tokens(item, estimator, in_content)))
         }
-        Value::Object(fields) => {
-            let media = in_content
-                && fields
-                    .get("type")
-                    .and_then(Value::as_str)
-                    .is_some_and(|t| !matches!(t, "text" | "input_text" | "output_text" | "refusal" | "reasoning"));
-            if media {
-                return estimator.media_tokens();
-            }
-            fields.iter().fold(0u32, |sum, (key, item)| match key.as_str() {
-                // `type` tags are not rendered.
-                "type" => sum,
-                "content" => sum.saturating_add(value_tokens(item, estimator, true)),
-                _ => sum.saturating_add(value_tokens(item, estimator, false)),
-            })
-        }
-        Value::Number(n) => estimator.text_tokens(&n.to_string()),
-        Value::Bool(_) | Value::Null => 0,
+        Json::Object(fields) => object_tokens(fields, estimator, in_content),
+        Json::Number(n) => estimator.text_tokens(&n.to_string()),
+        Json::Bool(_) | Json::Null => 0,
     }
 }
 
-fn completion_tokens(json: &Map<String, Value>, estimator: &dyn PromptEstimator) -> Result<u32, ParseError> {
-    let ids = |items: &[Value]| items.iter().all(Value::is_u64).then(|| u32::try_from(items.len()).unwrap_or(u32::MAX));
+/// [`value_tokens`] of an object: of each of its fields (a repeated field each time it appears: the
+/// estimate errs high, never low).
+fn object_tokens(fields: &Object<'_>, estimator: &dyn PromptEstimator, in_content: bool) -> u32 {
+    let media = in_content
+        && fields
+            .get("type")
+            .and_then(Json::as_str)
+            .is_some_and(|t| !matches!(t, "text" | "input_text" | "output_text" | "refusal" | "reasoning"));
+    if media {
+        return estimator.media_tokens();
+    }
+    fields.iter().fold(0u32, |sum, (key, item)| match key {
+        // `type` tags are not rendered.
+        "type" => sum,
+        "content" => sum.saturating_add(value_tokens(item, estimator, true)),
+        _ => sum.saturating_add(value_tokens(item, estimator, false)),
+    })
+}
+
+fn completion_tokens(json: &Object<'_>, estimator: &dyn PromptEstimator) -> Result<u32, ParseError> {
+    let ids =
+        |items: &[Json<'_>]| items.iter().all(Json::is_u64).then(|| u32::try_from(items.len()).unwrap_or(u32::MAX));
     let prompt = match json.get("prompt") {
-        None | Some(Value::Null) => return Err(ParseError::MissingPrompt),
-        Some(Value::String(text)) => estimator.text_tokens(text),
-        Some(Value::Array(items)) => match (ids(items), items.as_slice()) {
+        None | Some(Json::Null) => return Err(ParseError::MissingPrompt),
+        Some(Json::String(text)) => estimator.text_tokens(text),
+        Some(Json::Array(items)) => match (ids(items), items.as_slice()) {
             (Some(n), _) => n,
-            (None, [Value::String(text)]) => estimator.text_tokens(text),
-            (None, [Value::Array(inner)]) => ids(inner).ok_or(ParseError::InvalidPrompt)?,
+            (None, [Json::String(text)]) => estimator.text_tokens(text),
+            (None, [Json::Array(inner)]) => ids(inner).ok_or(ParseError::InvalidPrompt)?,
             (None, [_]) => return Err(ParseError::InvalidPrompt),
             (None, _) if items.iter().all(|i| i.is_string() || i.is_array()) => return Err(ParseError::Batch),
             (None, _) => return Err(ParseError::InvalidPrompt),
@@ -482,8 +478,8 @@ fn completion_tokens(json: &Map<String, Value>, estimator: &dyn PromptEstimator)
     };
     // An insertion's suffix is part of the prompt.
     let suffix = match json.get("suffix") {
-        None | Some(Value::Null) => 0,
-        Some(Value::String(text)) => estimator.text_tokens(text),
+        None | Some(Json::Null) => 0,
+        Some(Json::String(text)) => estimator.text_tokens(text),
         Some(_) => return Err(ParseError::InvalidType { field: "suffix", expected: "a string" }),
     };
     Ok(prompt.saturating_add(suffix))
@@ -492,7 +488,7 @@ fn completion_tokens(json: &Map<String, Value>, estimator: &dyn PromptEstimator)
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use serde_json::{Value, json};
 
     fn parse(endpoint: Endpoint, body: Value) -> Result<CompletionRequest, ParseError> {
         Parser::new().default_max_tokens(100).parse(endpoint, Bytes::from(body.to_string()))
