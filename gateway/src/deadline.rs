@@ -14,6 +14,7 @@ use std::time::Duration;
 /// The header a request may set or shorten its start deadline with (`500ms`, `2s`, a bare number is
 /// milliseconds).
 pub const TTFT_DEADLINE_HEADER: &str = "x-kvgate-ttft-deadline";
+const TTFT_DEADLINE: http::HeaderName = http::HeaderName::from_static(TTFT_DEADLINE_HEADER);
 
 /// The longest deadline the header accepts.
 pub const MAX_TTFT_DEADLINE: Duration = Duration::from_secs(60 * 60);
@@ -44,7 +45,7 @@ pub const MAX_TTFT_DEADLINE: Duration = Duration::from_secs(60 * 60);
 /// assert!(request_ttft_deadline(None, &headers).is_err());
 /// ```
 pub fn request_ttft_deadline(default: Option<Duration>, headers: &http::HeaderMap) -> Result<Option<Duration>, String> {
-    let Some(value) = headers.get(TTFT_DEADLINE_HEADER) else { return Ok(default) };
+    let Some(value) = headers.get(TTFT_DEADLINE) else { return Ok(default) };
     let text = value.to_str().map_err(|_| format!("{TTFT_DEADLINE_HEADER} must be ASCII"))?;
     let asked =
         parse_duration(text, MAX_TTFT_DEADLINE).map_err(|reason| format!("{TTFT_DEADLINE_HEADER}: {reason}"))?;

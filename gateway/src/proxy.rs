@@ -93,7 +93,12 @@ impl Uris {
 }
 
 /// Response headers passed through from upstream (hop-by-hop ones are left to hyper).
-const PASSED_HEADERS: &[&str] = &["content-type", "cache-control", "retry-after", kvgate::http::RETRY_AFTER_MS];
+const PASSED_HEADERS: [http::HeaderName; 4] = [
+    http::header::CONTENT_TYPE,
+    http::header::CACHE_CONTROL,
+    http::header::RETRY_AFTER,
+    http::HeaderName::from_static(kvgate::http::RETRY_AFTER_MS),
+];
 
 /// `url` with any `user:password@` replaced by `***@`, for logs and messages.
 ///
@@ -163,13 +168,13 @@ impl Proxy {
         client_auth: Option<&http::HeaderValue>,
         headers: impl IntoIterator<Item = (http::HeaderName, http::HeaderValue)>,
     ) -> http::Response<Body> {
-        let mut request = self
-            .request(http::Method::POST, self.uris.of(endpoint), client_auth)
-            .header(http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        let mut request = self.request(http::Method::POST, self.uris.of(endpoint), client_auth, Full::new(body));
+        let sent = request.headers_mut();
+        sent.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
         for (name, value) in headers {
-            request = request.header(name, value);
+            sent.append(name, value);
         }
-        self.pass_through(request.body(Full::new(body))).await
+        self.pass_through(request).await
     }
 
     /// Whether the server answers its health path (`path` on its origin; `None`: `/models` under the
@@ -219,8 +224,7 @@ impl Proxy {
 
     /// `GET /v1/models` upstream.
     pub async fn models(&self, client_auth: Option<&http::HeaderValue>) -> http::Response<Body> {
-        let request = self.request(http::Method::GET, &self.uris.models, client_auth).body(Full::default());
-        self.pass_through(request).await
+        self.pass_through(self.request(http::Method::GET, &self.uris.models, client_auth, Full::default())).await
     }
 
     /// A request to `uri` (under the base URL), with the upstream key (or the client's).
@@ -229,12 +233,15 @@ impl Proxy {
         method: http::Method,
         uri: &http::Uri,
         client_auth: Option<&http::HeaderValue>,
-    ) -> http::request::Builder {
-        let builder = http::Request::builder().method(method).uri(uri.clone());
-        match self.api_key.as_ref().or(client_auth) {
-            Some(auth) => builder.header(http::header::AUTHORIZATION, auth),
-            None => builder,
+        body: Full<Bytes>,
+    ) -> http::Request<Full<Bytes>> {
+        let mut request = http::Request::new(body);
+        *request.method_mut() = method;
+        *request.uri_mut() = uri.clone();
+        if let Some(auth) = self.api_key.as_ref().or(client_auth) {
+            request.headers_mut().insert(http::header::AUTHORIZATION, auth.clone());
         }
+        request
     }
 
     /// Logs what went wrong with the upstream (its address without credentials, the error without its
@@ -254,14 +261,7 @@ impl Proxy {
     /// Sends the request and passes the answer on: an SSE stream event by event, anything else buffered
     /// and checked to be JSON. A hung, reset or garbled upstream becomes a 504 or 502 with an OpenAI-style
     /// error; a stream that breaks or stalls after it started ends with an SSE error event.
-    async fn pass_through(&self, request: http::Result<http::Request<Full<Bytes>>>) -> http::Response<Body> {
-        let request = match request {
-            Ok(request) => request,
-            Err(e) => {
-                let message = "the request to the inference server could not be built";
-                return self.fail(StatusCode::BAD_GATEWAY, "upstream_unreachable", message, &e).into_response_body();
-            }
-        };
+    async fn pass_through(&self, request: http::Request<Full<Bytes>>) -> http::Response<Body> {
         let response = match tokio::time::timeout(self.timeout, self.client.request(request)).await {
             Ok(Ok(response)) => response,
             Ok(Err(e)) => {
@@ -279,12 +279,13 @@ impl Proxy {
             }
         };
         let status = response.status();
-        let mut builder = http::Response::builder().status(status.as_u16());
+        let mut passed = http::HeaderMap::with_capacity(PASSED_HEADERS.len());
         for name in PASSED_HEADERS {
-            if let Some(value) = response.headers().get(*name) {
-                builder = builder.header(*name, value.as_bytes());
+            if let Some(value) = response.headers().get(&name) {
+                passed.insert(name, value.clone());
             }
         }
+
         let is_sse = response
             .headers()
             .get(http::header::CONTENT_TYPE)
@@ -292,14 +293,14 @@ impl Proxy {
             .is_some_and(|v| v.starts_with("text/event-stream"));
         if is_sse && status.is_success() {
             let events = sse_events(BodyDataStream::new(response.into_body()), self.timeout, self.shown.clone());
-            return builder.body(Body::from_stream(events)).expect("a valid response");
+            return answer(status, passed, Body::from_stream(events));
         }
         let body = match self.read_body(response).await {
             Ok(body) => body,
             Err(e) => return e.into_response_body(),
         };
         if serde_json::from_slice::<serde::de::IgnoredAny>(&body).is_ok() {
-            return builder.body(Body::from(body)).expect("a valid response");
+            return answer(status, passed, Body::from(body));
         }
         let detail = format!("HTTP {} with a body that is not JSON ({} bytes)", status.as_u16(), body.len());
         if status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE {
@@ -307,10 +308,9 @@ impl Proxy {
             // client retries when the engine said, not at once.
             let message = "the inference server is busy; retry after the time in Retry-After";
             let error = self.fail(status, "upstream_busy", message, &detail).to_response();
-            let (parts, _) = builder.body(()).expect("a valid response").into_parts();
             let mut response = error.map(Body::from);
             for name in ["retry-after", kvgate::http::RETRY_AFTER_MS] {
-                if let Some(value) = parts.headers.get(name) {
+                if let Some(value) = passed.get(name) {
                     response.headers_mut().insert(name, value.clone());
                 }
             }
@@ -344,6 +344,14 @@ impl Proxy {
             }
         }
     }
+}
+
+/// The upstream's answer as the client gets it: its status, the headers passed on, `body`.
+fn answer(status: StatusCode, headers: http::HeaderMap, body: Body) -> http::Response<Body> {
+    let mut answer = http::Response::new(body);
+    *answer.status_mut() = status;
+    *answer.headers_mut() = headers;
+    answer
 }
 
 impl ApiError {

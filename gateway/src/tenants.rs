@@ -256,6 +256,7 @@ pub const MAX_TENANT_NAME: usize = 128;
 
 /// The header a request may lower its priority with (`batch`, `normal`, `interactive`).
 pub const PRIORITY_HEADER: &str = "x-kvgate-priority";
+const PRIORITY: http::HeaderName = http::HeaderName::from_static(PRIORITY_HEADER);
 
 /// The priority of a request: its caller's, lowered (never raised) by [`PRIORITY_HEADER`].
 ///
@@ -276,7 +277,7 @@ pub const PRIORITY_HEADER: &str = "x-kvgate-priority";
 /// assert_eq!(request_priority(Priority::Normal, &headers), Ok(Priority::Normal)); // only lowers
 /// ```
 pub fn request_priority(caller: Priority, headers: &http::HeaderMap) -> Result<Priority, String> {
-    let Some(value) = headers.get(PRIORITY_HEADER) else { return Ok(caller) };
+    let Some(value) = headers.get(PRIORITY) else { return Ok(caller) };
     let asked = match value.to_str().map(str::trim) {
         Ok("batch") => Priority::Batch,
         Ok("normal") => Priority::Normal,

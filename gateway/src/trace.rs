@@ -62,13 +62,13 @@ fn next_id() -> u64 {
 /// `ids` as lowercase hex, 16 digits each (what `format!("{:016x}", ..)` writes, without its formatter).
 fn hex(ids: &[u64]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut text = String::with_capacity(16 * ids.len());
+    let mut text = Vec::with_capacity(16 * ids.len());
     for id in ids {
-        for shift in (0..16).rev() {
-            text.push(char::from(DIGITS[((id >> (shift * 4)) & 0xf) as usize]));
-        }
+        text.extend(
+            id.to_be_bytes().iter().flat_map(|byte| [DIGITS[usize::from(byte >> 4)], DIGITS[usize::from(byte & 0xf)]]),
+        );
     }
-    text
+    String::from_utf8(text).expect("hex digits are ASCII")
 }
 
 fn is_hex(s: &str, len: usize) -> bool {

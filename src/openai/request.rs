@@ -154,7 +154,10 @@ impl Parser {
     /// the default.
     ///
     /// Only what forwarding needs is kept: the body as received when it already says the reservation
-    /// everywhere, else one re-serialized copy; the parsed JSON is dropped before this returns.
+    /// everywhere (in every occurrence of a repeated field too: an engine may read the first or the
+    /// last), else one re-serialized copy (keys in byte order, a repeated key once with its last value,
+    /// as `serde_json::Value` writes it); the parsed JSON is dropped before this returns. Reading
+    /// allocates only for arrays, objects and strings with escapes (the rest borrows from `body`).
     ///
     /// # Errors
     ///
@@ -529,6 +532,22 @@ mod tests {
         let defaulted =
             Parser::new().parse(Endpoint::Chat, Bytes::from_static(br#"{"messages":[{"role":"user","content":"x"}]}"#));
         assert_eq!(forwarded(&defaulted.unwrap())["max_tokens"], DEFAULT_MAX_TOKENS);
+    }
+
+    #[test]
+    fn a_repeated_generation_limit_is_set_in_every_occurrence() {
+        // The last `max_tokens` (7) is the reservation; an engine reading the first must not see 99999.
+        for raw in [
+            &br#"{"max_tokens":99999,"messages":[{"role":"user","content":"x"}],"max_tokens":7}"#[..],
+            br#"{"max_tokens":7,"options":{"num_predict":99999},"options":{"num_predict":7},"messages":[{"role":"user","content":"x"}]}"#,
+            br#"{"max_tokens":7,"options":{"num_predict":99999,"num_predict":7},"messages":[{"role":"user","content":"x"}]}"#,
+        ] {
+            let chat = Parser::new().parse(Endpoint::Chat, Bytes::copy_from_slice(raw)).unwrap();
+            assert_eq!(chat.max_tokens, 7);
+            let text = std::str::from_utf8(chat.forward_body()).unwrap();
+            assert!(!text.contains("99999"), "{text}");
+            assert_eq!(forwarded(&chat)["max_tokens"], 7);
+        }
     }
 
     #[test]
