@@ -62,13 +62,15 @@ fn next_id() -> u64 {
 /// `ids` as lowercase hex, 16 digits each (what `format!("{:016x}", ..)` writes, without its formatter).
 fn hex(ids: &[u64]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut text = Vec::with_capacity(16 * ids.len());
+    let mut text = String::with_capacity(16 * ids.len());
     for id in ids {
-        text.extend(
-            id.to_be_bytes().iter().flat_map(|byte| [DIGITS[usize::from(byte >> 4)], DIGITS[usize::from(byte & 0xf)]]),
-        );
+        let mut digits = [0u8; 16];
+        for (i, digit) in digits.iter_mut().enumerate() {
+            *digit = DIGITS[((id >> (60 - 4 * i)) & 0xf) as usize];
+        }
+        text.push_str(std::str::from_utf8(&digits).expect("hex digits are ASCII"));
     }
-    String::from_utf8(text).expect("hex digits are ASCII")
+    text
 }
 
 fn is_hex(s: &str, len: usize) -> bool {
