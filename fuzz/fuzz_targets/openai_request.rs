@@ -9,8 +9,8 @@
 //!   a body that is not an object as such, and a parsed request came from a JSON object;
 //! - a parsed request has `prompt_tokens >= 1`, `1 <= max_tokens <= max_output_tokens`, the default when
 //!   the client set no limit, and a forwarded body that is a JSON object whose `max_tokens`, and every
-//!   other generation limit it has — every occurrence of each, a repeated field included — equals the
-//!   reservation;
+//!   other generation limit it has, equals the reservation, and which has each key once (the parser
+//!   reads a repeated key's last occurrence; an engine may read the first);
 //! - a refusal has status 400 or 413, a code and a message.
 #![no_main]
 
@@ -44,7 +44,8 @@ impl<'de> serde::Deserialize<'de> for Fields {
 
 fn count(frames: &[&[u8]]) -> Option<u32> {
     let mut counter = OutputTokens::new();
-    let summed: u32 = frames.iter().map(|f| OutputCounter::<[u8]>::count(&mut counter, *f)).fold(0, u32::saturating_add);
+    let summed: u32 =
+        frames.iter().map(|f| OutputCounter::<[u8]>::count(&mut counter, *f)).fold(0, u32::saturating_add);
     OutputCounter::<[u8]>::total(&counter, summed)
 }
 
@@ -56,12 +57,19 @@ fuzz_target!(|data: &[u8]| {
     let parser = Parser::new().default_max_tokens(default_max_tokens).max_output_tokens(max_output_tokens);
     let value = serde_json::from_slice::<serde_json::Value>(body);
     let parsed = parser.parse(endpoint, Bytes::copy_from_slice(body));
+    // With serde_json's `raw_value` feature (axum turns it on in this build), `Value` reads a map opening
+    // with serde_json's private raw-value key as the JSON text in its value; the parser, as any JSON
+    // reader, reads it as a key.
+    let raw_value_token = memchr::memmem::find(body, b"$serde_json::private::RawValue").is_some();
     match (&value, &parsed) {
+        _ if raw_value_token => {}
         (Err(_), Err(error)) => assert!(matches!(error, ParseError::InvalidJson(_)), "{error}"),
         (Err(e), Ok(_)) => panic!("serde_json refuses the body ({e}), the parser read it"),
         (Ok(v), Ok(_)) => assert!(v.is_object()),
         (Ok(v), Err(error)) if !v.is_object() => assert!(matches!(error, ParseError::NotAnObject), "{error}"),
-        (Ok(_), Err(error)) => assert!(!matches!(error, ParseError::InvalidJson(_) | ParseError::NotAnObject), "{error}"),
+        (Ok(_), Err(error)) => {
+            assert!(!matches!(error, ParseError::InvalidJson(_) | ParseError::NotAnObject), "{error}")
+        }
     }
     match parsed {
         Ok(request) => {
@@ -77,6 +85,9 @@ fuzz_target!(|data: &[u8]| {
             for (field, value) in fields.iter().filter(|(field, _)| GENERATION_LIMITS.contains(&field.as_str())) {
                 assert_eq!(value.as_u64(), Some(u64::from(request.max_tokens)), "{field}");
             }
+            let mut keys: Vec<&str> = fields.iter().map(|(key, _)| key.as_str()).collect();
+            keys.sort_unstable();
+            assert!(keys.windows(2).all(|pair| pair[0] != pair[1]), "a repeated key forwarded: {keys:?}");
             let _ = request.request().total_tokens();
         }
         Err(error) => {

@@ -4,7 +4,10 @@
 //! string without escapes points into the body, and an object is one `Vec` of its fields in the order
 //! they came, so reading a body allocates only for its arrays, its objects and its escaped strings.
 //!
-//! Invariants, which make it read the body as `serde_json::Value` does:
+//! Invariants, which make it read the body as `serde_json::Value` does (as any JSON reader does: with
+//! serde_json's `raw_value` feature, which another crate of a build may turn on, `Value` reads a map whose
+//! first key is serde_json's private `$serde_json::private::RawValue` token as the JSON text in its value;
+//! here that key is a key like any other):
 //!
 //! - **Duplicate keys**: [`Object::get`] answers with a key's *last* occurrence (`Value`'s map keeps the
 //!   last one, as Python's `json` does). Every occurrence is kept, so that a check can look at each.
@@ -96,6 +99,15 @@ impl<'a> Json<'a> {
         self.as_u64().is_some()
     }
 
+    /// Whether some object in the tree has a key more than once.
+    pub(crate) fn has_repeated_keys(&self) -> bool {
+        match self {
+            Json::Array(items) => items.iter().any(Json::has_repeated_keys),
+            Json::Object(object) => object.has_repeated_keys(),
+            _ => false,
+        }
+    }
+
     /// The canonical text (see the [module docs](self)).
     pub(crate) fn canonical_text(&self) -> String {
         serde_json::to_string(&Canonical(self)).expect("a JSON tree serializes")
@@ -111,11 +123,6 @@ impl<'a> Object<'a> {
     /// The last value of `key`, to change.
     pub(crate) fn get_mut(&mut self, key: &str) -> Option<&mut Json<'a>> {
         self.0.iter_mut().rev().find(|(k, _)| k == key).map(|(_, v)| v)
-    }
-
-    /// Every value of `key`, in order.
-    pub(crate) fn get_all<'s>(&'s self, key: &'s str) -> impl Iterator<Item = &'s Json<'a>> + 's {
-        self.0.iter().filter(move |(k, _)| k == key).map(|(_, v)| v)
     }
 
     pub(crate) fn contains_key(&self, key: &str) -> bool {
@@ -137,6 +144,19 @@ impl<'a> Object<'a> {
     /// The canonical text (see the [module docs](self)).
     pub(crate) fn canonical_text(&self) -> String {
         serde_json::to_string(&CanonicalObject(self)).expect("a JSON object serializes")
+    }
+
+    /// Whether this object, or one inside it, has a key more than once.
+    pub(crate) fn has_repeated_keys(&self) -> bool {
+        let fields = &self.0;
+        let repeated = if fields.len() <= 8 {
+            fields.iter().enumerate().any(|(i, (key, _))| fields[i + 1..].iter().any(|(other, _)| other == key))
+        } else {
+            let mut keys: Vec<&str> = fields.iter().map(|(key, _)| &**key).collect();
+            keys.sort_unstable();
+            keys.windows(2).any(|pair| pair[0] == pair[1])
+        };
+        repeated || fields.iter().any(|(_, value)| value.has_repeated_keys())
     }
 
     /// Every field in order, duplicates included.
@@ -387,12 +407,41 @@ mod tests {
     }
 
     #[test]
+    fn repeated_keys_are_found_at_any_depth_and_size() {
+        let wide = |repeat: bool| {
+            let mut fields: Vec<String> = (0..20).map(|i| format!("\"k{i}\":{i}")).collect();
+            if repeat {
+                fields.push("\"k3\":0".into());
+            }
+            format!("{{{}}}", fields.join(","))
+        };
+        for (text, repeated) in [
+            (r#"{"a":1,"b":2}"#.to_owned(), false),
+            (r#"{"a":1,"a":2}"#.to_owned(), true),
+            (r#"[{"a":1},{"b":{"c":[{"d":1,"d":1}]}}]"#.to_owned(), true),
+            (r#"{"a":{"a":{"a":1}}}"#.to_owned(), false),
+            (wide(false), false),
+            (wide(true), true),
+        ] {
+            assert_eq!(Json::from_slice(text.as_bytes()).unwrap().has_repeated_keys(), repeated, "{text}");
+        }
+    }
+
+    #[test]
+    fn serde_jsons_private_raw_value_key_is_a_key_like_any_other() {
+        let text = br#"{"$serde_json::private::RawValue":"{\"a\":1}"}"#;
+        let Json::Object(object) = Json::from_slice(text).unwrap() else { panic!("an object") };
+        assert_eq!(object.get("$serde_json::private::RawValue").and_then(Json::as_str), Some(r#"{"a":1}"#));
+        assert!(object.get("a").is_none());
+    }
+
+    #[test]
     fn set_changes_every_occurrence_or_adds_the_key() {
         let text = br#"{"max_tokens":1,"x":2,"max_tokens":3}"#;
         let Json::Object(mut object) = Json::from_slice(text).unwrap() else { panic!("an object") };
         object.set("max_tokens", Json::Number(9.into()));
         object.set("n_predict", Json::Number(9.into()));
-        assert!(object.get_all("max_tokens").all(|v| v.as_u64() == Some(9)));
+        assert!(object.0.iter().filter(|(k, _)| k == "max_tokens").all(|(_, v)| v.as_u64() == Some(9)));
         assert_eq!(Json::Object(object).canonical_text(), r#"{"max_tokens":9,"n_predict":9,"x":2}"#);
     }
 }

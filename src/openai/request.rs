@@ -154,10 +154,11 @@ impl Parser {
     /// the default.
     ///
     /// Only what forwarding needs is kept: the body as received when it already says the reservation
-    /// everywhere (in every occurrence of a repeated field too: an engine may read the first or the
-    /// last), else one re-serialized copy (keys in byte order, a repeated key once with its last value,
-    /// as `serde_json::Value` writes it); the parsed JSON is dropped before this returns. Reading
-    /// allocates only for arrays, objects and strings with escapes (the rest borrows from `body`).
+    /// everywhere and no object in it repeats a key, else one re-serialized copy (keys in byte order, a
+    /// repeated key once with its last value, as `serde_json::Value` writes it: this parser reads a
+    /// repeated key's last occurrence, an engine may read the first, so the engine gets only what was
+    /// checked and priced); the parsed JSON is dropped before this returns. Reading allocates only for
+    /// arrays, objects and strings with escapes (the rest borrows from `body`).
     ///
     /// # Errors
     ///
@@ -195,7 +196,9 @@ impl Parser {
             Some((_, n)) => (u32::try_from(n).unwrap_or(u32::MAX), false),
             None => (self.default_max_tokens.min(self.max_output_tokens), true),
         };
-        let body = if says_everywhere(&json, max_tokens) {
+        // A repeated key is read here as its last occurrence; an engine may read the first. So a body with
+        // one anywhere goes out re-serialized, each key once: the engine reads what was checked and priced.
+        let body = if says_everywhere(&json, max_tokens) && !json.has_repeated_keys() {
             drop(json);
             body
         } else {
@@ -336,15 +339,17 @@ fn client_limit(json: &Object<'_>) -> Result<Option<(&'static str, u64)>, ParseE
     Ok(None)
 }
 
-/// Whether the body already says `max_tokens` in `max_tokens` and in every other limit it sets — in
-/// every occurrence of each (an engine may read the first of a repeated field, or the last), with
-/// `options` once.
+/// Whether the body already says `max_tokens` in `max_tokens` and in every other limit it sets.
 fn says_everywhere(json: &Object<'_>, max_tokens: u32) -> bool {
     let says = |v: &Json<'_>| v.as_u64() == Some(u64::from(max_tokens));
-    json.contains_key("max_tokens")
-        && GENERATION_LIMITS.iter().all(|field| json.get_all(field).all(says))
-        && json.get_all("options").count() <= 1
-        && json.get("options").and_then(Json::as_object).is_none_or(|options| options.get_all("num_predict").all(says))
+    json.get("max_tokens").is_some_and(says)
+        && GENERATION_LIMITS.iter().all(|field| json.get(field).is_none_or(says))
+        && nested_num_predict(json).is_none_or(says)
+}
+
+/// Ollama's native `options.num_predict`.
+fn nested_num_predict<'j>(json: &'j Object<'_>) -> Option<&'j Json<'j>> {
+    json.get("options")?.as_object()?.get("num_predict")
 }
 
 /// Sets every generation limit present, and `max_tokens`, to `max_tokens`.
@@ -547,6 +552,27 @@ mod tests {
             let text = std::str::from_utf8(chat.forward_body()).unwrap();
             assert!(!text.contains("99999"), "{text}");
             assert_eq!(forwarded(&chat)["max_tokens"], 7);
+        }
+    }
+
+    #[test]
+    fn a_body_with_a_repeated_key_goes_out_with_each_key_once() {
+        // `n` and the prompt are read as their last occurrence: the engine must not see the first.
+        let big = "word ".repeat(2_000);
+        for (endpoint, raw) in [
+            (Endpoint::Chat, r#"{"max_tokens":7,"n":4,"n":1,"messages":[{"role":"user","content":"x"}]}"#.to_owned()),
+            (Endpoint::Completions, format!(r#"{{"max_tokens":7,"prompt":"{big}","prompt":"x"}}"#)),
+            (
+                Endpoint::Chat,
+                format!(
+                    r#"{{"max_tokens":7,"messages":[{{"role":"user","content":"{big}"}}],"messages":[{{"role":"user","content":"x"}}]}}"#
+                ),
+            ),
+        ] {
+            let request = Parser::new().parse(endpoint, Bytes::from(raw.clone())).unwrap();
+            let text = std::str::from_utf8(request.forward_body()).unwrap();
+            assert!(!text.contains(r#""n":4"#) && !text.contains("word"), "{raw} went out as {text}");
+            assert_eq!(forwarded(&request)["max_tokens"], 7);
         }
     }
 
