@@ -21,16 +21,13 @@ use libfuzzer_sys::fuzz_target;
 use std::time::Duration;
 
 fn hex(s: &str, len: usize) -> bool {
-    s.len() == len
-        && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-        && s.bytes().any(|b| b != b'0')
+    s.len() == len && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) && s.bytes().any(|b| b != b'0')
 }
 
 fuzz_target!(|data: &[u8]| {
     let Some((&selector, rest)) = data.split_first() else { return };
     let configured = ["sk-fuzz", "sk-other-key", "k"][usize::from(selector) % 3];
-    let class =
-        [PriorityConfig::Batch, PriorityConfig::Normal, PriorityConfig::Interactive][usize::from(selector >> 2) % 3];
+    let class = [PriorityConfig::Batch, PriorityConfig::Normal, PriorityConfig::Interactive][usize::from(selector >> 2) % 3];
     let tenants = [TenantConfig {
         name: "fuzz".into(),
         keys: vec![KeyConfig::Key(KeyHash::of(configured).to_string())],
