@@ -192,6 +192,7 @@ impl Dispatcher {
         }
         let flow_key = new.tenant.as_ref().map_or(FlowKey::Anonymous, |t| t.core().flow);
         fits(res, new.kv, new.tenant.as_deref())?;
+        let mut displaced = false;
         if self.queued_in(class) >= self.queue_capacity {
             let hint = capacity_hint(res.stats.hold.mean(), res.capacity.slots_used(), self.queued_in(class));
             // Longest queue drop: the newest waiter of the flow with the most waiters gives its place to a
@@ -202,6 +203,7 @@ impl Dispatcher {
                     if let Some(wake) = room.leave(res, self, newest, WaitState::Displaced { retry_after: hint }) {
                         wakes.push(wake);
                     }
+                    displaced = true;
                 }
                 _ => return Err(Rejection::QueueFull { retry_after: hint }),
             }
@@ -218,7 +220,8 @@ impl Dispatcher {
         room.start_deadlines += usize::from(new.start_deadline);
         let key = room.waiters.insert(waiter);
         let Room { waiters, classes, .. } = &mut *room;
-        if classes[class].push(waiters, key.index(), flow_key, new.tenant.as_ref()) {
+        let entered = classes[class].push(waiters, key.index(), flow_key, new.tenant.as_ref());
+        if entered {
             // Invariant 1: the bit before any attempt to grant.
             room.hold_back(res, class);
         }
@@ -228,7 +231,14 @@ impl Dispatcher {
             let Room { waiters, deadlines, .. } = &mut *room;
             deadlines.compact_if_grown(|k| waiters.lookup(k).is_some_and(|w| w.state == WaitState::Waiting));
         }
-        room = self.run_passes(res, room, &mut wakes, now);
+        // A waiter that joined a flow already queued is behind that flow's older waiters, and capacity
+        // returned since the last pass found the class held back (or, for a parked flow, its tenant) and
+        // dispatches once this lock is free: no pass is owed unless this enqueue changed what one would
+        // look at (a new flow, a displaced waiter, a prefix) or some waiter has a deadline (a pass ends
+        // the heads whose deadline passed).
+        if entered || displaced || new.split.is_some() || self.timed.load(Ordering::Relaxed) != 0 {
+            room = self.run_passes(res, room, &mut wakes, now);
+        }
         let granted = key.granted();
         drop(room);
         self.wake(res, &mut wakes);
@@ -567,16 +577,19 @@ impl Dispatcher {
     }
 
     /// Counts a waiter of `class` needing `kv` units, with `deadline`, in or out (under the lock).
+    ///
+    /// The mirrors are written only here, under the lock, so a load and a store update them (no
+    /// read-modify-write); readers without the lock see each value whole.
     fn count(&self, class: usize, tenant: Option<&dyn TenantHandle>, delta: i64, kv: u64, deadline: u64) {
-        let timed = usize::from(deadline != u64::MAX);
-        if delta > 0 {
-            self.queued[class].fetch_add(1, Ordering::Relaxed);
-            self.queued_kv[class].fetch_add(kv, Ordering::Relaxed);
-            self.timed.fetch_add(timed, Ordering::Relaxed);
-        } else {
-            self.queued[class].fetch_sub(1, Ordering::Relaxed);
-            self.queued_kv[class].fetch_sub(kv, Ordering::Relaxed);
-            self.timed.fetch_sub(timed, Ordering::Relaxed);
+        fn add(counter: &AtomicUsize, delta: i64) {
+            let n = counter.load(Ordering::Relaxed);
+            counter.store(if delta > 0 { n + 1 } else { n - 1 }, Ordering::Relaxed);
+        }
+        add(&self.queued[class], delta);
+        let units = self.queued_kv[class].load(Ordering::Relaxed);
+        self.queued_kv[class].store(if delta > 0 { units + kv } else { units - kv }, Ordering::Relaxed);
+        if deadline != u64::MAX {
+            add(&self.timed, delta);
         }
         if let Some(tenant) = tenant {
             tenant.core().add_queued(delta);
@@ -754,9 +767,9 @@ impl Room {
                 if wakes.is_full() {
                     return true;
                 }
-                let (kv, prefix, cost, deadline) = {
+                let (kv, prefix, cost, deadline, start_deadline) = {
                     let waiter = self.waiters.get(index);
-                    (waiter.kv, waiter.prefix, waiter.cost, waiter.deadline)
+                    (waiter.kv, waiter.prefix, waiter.cost, waiter.deadline, waiter.start_deadline)
                 };
                 if deadline <= now {
                     // Past its deadline: it is not granted (its owner, polling, sees `TimedOut`).
@@ -791,18 +804,18 @@ impl Room {
                     return false;
                 }
                 d.count(class, self.classes[class].tenant(flow).map(|t| t.as_ref()), -1, kv, deadline);
-                self.start_deadlines -= usize::from(self.waiters.get(index).start_deadline);
+                self.start_deadlines -= usize::from(start_deadline);
                 if let Some(id) = prefix {
                     res.stats.count_prefix_saved(self.prefixes.stop_waiting(id, true));
                 }
                 self.classes[class].count_grant(flow, cost);
                 self.classes[class].remove(&mut self.waiters, index);
-                // The capacity is the waiter's now: it leaves the slab, and its owner sees the grant by the
-                // slot's generation.
-                let mut waiter = self.waiters.remove(index);
-                if let Some(wake) = waiter.notify.take() {
+                // The capacity is the waiter's now: its wake-up is taken out, it leaves the slab, and its
+                // owner sees the grant by the slot's generation.
+                if let Some(wake) = self.waiters.get_mut(index).notify.take() {
                     wakes.push(wake);
                 }
+                self.waiters.discard(index);
             }
         }
         false

@@ -334,6 +334,18 @@ impl Slab {
         waiter
     }
 
+    /// Frees slot `index` as [`remove`](Self::remove) does, dropping its waiter in place: for a granted
+    /// waiter whose wake-up was taken out already (what is left of it holds no user code).
+    pub(crate) fn discard(&mut self, index: u32) {
+        let next_free = self.free;
+        let entry = self.entry_mut(index);
+        debug_assert!(matches!(entry, Entry::Occupied(_)), "discarding a vacant slot");
+        *entry = Entry::Vacant { next_free };
+        let generation = &self.slot(index).generation;
+        generation.store(generation.load(Ordering::Relaxed).wrapping_add(1), Ordering::Release);
+        self.free = Some(index);
+    }
+
     /// Keys of the waiters still waiting (for a resize scan or close).
     pub(crate) fn waiting_keys(&self) -> Vec<WaiterKey> {
         (0..self.used)
