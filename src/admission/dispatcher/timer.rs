@@ -71,7 +71,7 @@ pub(crate) use model::Timer;
 #[cfg(not(loom))]
 mod thread {
     use crate::admission::owner::Owner;
-    use crate::sync::{Condvar, Mutex};
+    use crate::sync::{Condvar, ThreadMutex as Mutex};
     use std::sync::{Arc, Weak};
     use std::time::Duration;
 
