@@ -177,7 +177,8 @@ impl Dispatcher {
         self.queued_at_or_above(0)
     }
 
-    /// Queues a waiter, then runs a pass (it may be granted at once).
+    /// Queues a waiter, then runs a pass when one could grant something now (it may be granted at once;
+    /// see the comment before the pass for when none is owed).
     ///
     /// # Errors
     /// `Closed`, `QueueFull` (its class holds `queue_capacity` waiters) or `TooLarge` (the budget shrank

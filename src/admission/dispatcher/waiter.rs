@@ -327,11 +327,16 @@ impl Slab {
         let next_free = self.free;
         let entry = std::mem::replace(self.entry_mut(index), Entry::Vacant { next_free });
         let Entry::Occupied(waiter) = entry else { unreachable!("removing a live waiter") };
+        self.freed(index);
+        waiter
+    }
+
+    /// Slot `index` was just made vacant: its generation moves on (`Release`) and it heads the free list.
+    fn freed(&mut self, index: u32) {
         // Written only under the lock, so a load and a store suffice (no read-modify-write).
         let generation = &self.slot(index).generation;
         generation.store(generation.load(Ordering::Relaxed).wrapping_add(1), Ordering::Release);
         self.free = Some(index);
-        waiter
     }
 
     /// Frees slot `index` as [`remove`](Self::remove) does, dropping its waiter in place: for a granted
@@ -341,9 +346,7 @@ impl Slab {
         let entry = self.entry_mut(index);
         debug_assert!(matches!(entry, Entry::Occupied(_)), "discarding a vacant slot");
         *entry = Entry::Vacant { next_free };
-        let generation = &self.slot(index).generation;
-        generation.store(generation.load(Ordering::Relaxed).wrapping_add(1), Ordering::Release);
-        self.free = Some(index);
+        self.freed(index);
     }
 
     /// Keys of the waiters still waiting (for a resize scan or close).
