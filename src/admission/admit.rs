@@ -95,7 +95,7 @@ impl Admit {
 
 /// Starts a wait: admit at once, queue, or refuse. Registers the deadline with the timer thread.
 fn start(owner: &Arc<dyn Owner>, request: &Request, wait: WaitSpec) -> Attempt {
-    let attempt = owner.attempt(owner, request, Some(wait));
+    let attempt = owner.attempt(owner, request, wait);
     if let Attempt::Queued(ticket) = &attempt {
         if ticket.deadline != u64::MAX {
             owner.core().timer.deadline_added(owner, ticket.earliest_deadline);

@@ -83,7 +83,7 @@ impl Core {
 
     /// Returns what a permit (or a refused request) holds — one slot, its own KV units, its share of a
     /// prefix, its tenant's part — then lets the dispatcher hand it to waiters if any is held back.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn release_held(&self, held: Held, tenant: Option<&dyn TenantHandle>) {
         let Some(prefix) = held.prefix else { return self.release(held.kv, tenant) };
         let mut unpark = None;

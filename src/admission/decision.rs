@@ -39,11 +39,89 @@ use std::time::Duration;
 
 /// Whose capacity held a request back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum HeldBy {
+pub(crate) enum HeldBy {
     /// The global in-flight slots or KV budget (or waiters they hold back).
     Server,
     /// The request's tenant's in-flight cap or KV share (or its parked waiters).
     Tenant,
+}
+
+/// What a request that finds no capacity does, chosen by type: [`NoWait`] is refused (`try_admit`), a
+/// [`WaitSpec`] queues. Each has its own result type, so that `try_admit` builds its
+/// `Result<Permit, Rejection>` in place, with no variant for a wait it never makes.
+pub(crate) trait Waiting: Sized {
+    type Output;
+    fn granted(permit: Permit) -> Self::Output;
+    /// A refusal of `request` (holding nothing); `try_admit`'s is counted here, a waiting request's
+    /// where its future resolves.
+    fn refused(core: &Core, request: &Request, rejection: Rejection) -> Self::Output;
+    /// Capacity (the server's or the tenant's, as `held_by` says) held the request back; nothing is taken.
+    fn held_back<C: Clock>(
+        self,
+        shared: &Shared<C>,
+        this: &impl Fn() -> Arc<dyn Owner>,
+        request: &Request,
+        cost: (u64, Option<Split>),
+        tenant: Option<Arc<TenantState<C>>>,
+        held_by: HeldBy,
+    ) -> Self::Output;
+}
+
+/// A request that may not wait.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct NoWait;
+
+impl Waiting for NoWait {
+    type Output = Result<Permit, Rejection>;
+
+    #[inline(always)]
+    fn granted(permit: Permit) -> Self::Output {
+        Ok(permit)
+    }
+
+    #[inline(always)]
+    fn refused(core: &Core, request: &Request, rejection: Rejection) -> Self::Output {
+        core.count_rejection(&rejection, request.tenant.is_some());
+        Err(rejection)
+    }
+
+    fn held_back<C: Clock>(
+        self,
+        shared: &Shared<C>,
+        _: &impl Fn() -> Arc<dyn Owner>,
+        request: &Request,
+        _: (u64, Option<Split>),
+        tenant: Option<Arc<TenantState<C>>>,
+        held_by: HeldBy,
+    ) -> Self::Output {
+        Self::refused(&shared.core, request, shared.refusal(held_by, request, tenant.as_deref()))
+    }
+}
+
+impl Waiting for WaitSpec {
+    type Output = Attempt;
+
+    #[inline(always)]
+    fn granted(permit: Permit) -> Self::Output {
+        Attempt::Granted(permit)
+    }
+
+    #[inline(always)]
+    fn refused(_: &Core, _: &Request, rejection: Rejection) -> Self::Output {
+        Attempt::Refused(rejection)
+    }
+
+    fn held_back<C: Clock>(
+        self,
+        shared: &Shared<C>,
+        this: &impl Fn() -> Arc<dyn Owner>,
+        request: &Request,
+        cost: (u64, Option<Split>),
+        tenant: Option<Arc<TenantState<C>>>,
+        held_by: HeldBy,
+    ) -> Self::Output {
+        shared.queue(this, request, cost, tenant, self, held_by)
+    }
 }
 
 /// Everything one admission owns.
@@ -80,7 +158,7 @@ impl<C: Clock> Shared<C> {
 
     /// Step 1, global part: what no amount of waiting changes. Returns the request's KV units (its whole
     /// cost, prefix included) and its split around a shared prefix.
-    #[inline]
+    #[inline(always)]
     fn validate(&self, request: &Request) -> Result<(u64, Option<Split>), Rejection> {
         let total = request.total_tokens();
         if total == 0 {
@@ -107,15 +185,15 @@ impl<C: Clock> Shared<C> {
     ///
     /// `this` hands out the owner a permit keeps (called only when one is granted).
     #[inline]
-    pub(crate) fn decide(
+    pub(crate) fn decide<W: Waiting>(
         &self,
         this: &impl Fn() -> Arc<dyn Owner>,
         request: &Request,
-        wait: Option<WaitSpec>,
-    ) -> Attempt {
+        wait: W,
+    ) -> W::Output {
         let (kv, split) = match self.validate(request) {
             Ok(valid) => valid,
-            Err(rejection) => return Attempt::Refused(rejection),
+            Err(rejection) => return W::refused(&self.core, request, rejection),
         };
         let class = request.priority.index();
         let mut now = None;
@@ -123,10 +201,10 @@ impl<C: Clock> Shared<C> {
             (Some(registry), Some(id)) => {
                 let t = registry.get(id, *now.get_or_insert_with(|| self.clock.now_nanos()));
                 if let Err(rejection) = t.core().fits_share(kv, self.core.kv_limit()) {
-                    return Attempt::Refused(rejection);
+                    return W::refused(&self.core, request, rejection);
                 }
                 if let Err(rejection) = t.fits_burst(request.total_tokens()) {
-                    return Attempt::Refused(rejection);
+                    return W::refused(&self.core, request, rejection);
                 }
                 Some(t)
             }
@@ -142,10 +220,9 @@ impl<C: Clock> Shared<C> {
         let held = match taken {
             Ok(held) => held,
             Err(shortage) => {
-                return match (shortage, wait) {
-                    (Shortage::Closed, _) => Attempt::Refused(Rejection::Closed),
-                    (_, Some(wait)) => self.queue(this, request, (kv, split), tenant, wait, HeldBy::Server),
-                    (_, None) => Attempt::Refused(self.refusal(HeldBy::Server, request, tenant.as_deref())),
+                return match shortage {
+                    Shortage::Closed => W::refused(&self.core, request, Rejection::Closed),
+                    _ => wait.held_back(self, this, request, (kv, split), tenant, HeldBy::Server),
                 };
             }
         };
@@ -162,10 +239,7 @@ impl<C: Clock> Shared<C> {
                         Credit::default(),
                     );
                 }
-                return match wait {
-                    Some(wait) => self.queue(this, request, (kv, split), tenant, wait, HeldBy::Tenant),
-                    None => Attempt::Refused(self.refusal(HeldBy::Tenant, request, tenant.as_deref())),
-                };
+                return wait.held_back(self, this, request, (kv, split), tenant, HeldBy::Tenant);
             }
         }
         // Step 4: rates.
@@ -177,7 +251,7 @@ impl<C: Clock> Shared<C> {
                 let handle = tenant.as_deref().map(|t| t as &dyn TenantHandle);
                 self.refund(charges, handle);
                 core.release_held(held, handle);
-                Attempt::Refused(Rejection::Closed)
+                W::refused(&self.core, request, Rejection::Closed)
             }
             Ok((charges, now)) => {
                 if tenant.as_ref().is_some_and(|t| t.core().has_waiters()) {
@@ -191,18 +265,18 @@ impl<C: Clock> Shared<C> {
                     t.core().charge_virtual_tokens(Fairness::counter_units(cost, t.core().weight));
                 }
                 let tenant = tenant.map(|t| t as Arc<dyn TenantHandle>);
-                Attempt::Granted(Permit::granted(this(), request, held, charges, tenant, now))
+                W::granted(Permit::granted(this(), request, held, charges, tenant, now))
             }
             Err(rejection) => {
                 core.release_held(held, tenant.as_deref().map(|t| t as &dyn TenantHandle));
-                Attempt::Refused(rejection)
+                W::refused(&self.core, request, rejection)
             }
         }
     }
 
     /// Charges the global rates, then the tenant's, all or nothing. Returns the charges and the time they
     /// were made at. A refusal's hint is the time at which every rate involved would pass.
-    #[inline]
+    #[inline(always)]
     fn charge(&self, total: u64, tenant: Option<&TenantState<C>>, now: u64) -> Result<(Charges, u64), Rejection> {
         let (global, now) = self.charge_global(total, now, tenant)?;
         let Some(tenant) = tenant.filter(|t| t.has_rates()) else {
@@ -227,7 +301,7 @@ impl<C: Clock> Shared<C> {
     /// Charges the global rates at `now`, looking at the clock again once if refused: a thread preempted
     /// between reading the clock and charging arrives with a stale time and would be refused for tokens
     /// that have accrued since.
-    #[inline]
+    #[inline(always)]
     fn charge_global(&self, total: u64, now: u64, tenant: Option<&TenantState<C>>) -> Result<(Charge, u64), Rejection> {
         if self.rates.is_empty() {
             return Ok((Charge::default(), now));
@@ -405,7 +479,7 @@ impl<C: Clock> Owner for Shared<C> {
     }
 
     #[inline]
-    fn attempt(&self, this: &Arc<dyn Owner>, request: &Request, wait: Option<WaitSpec>) -> Attempt {
+    fn attempt(&self, this: &Arc<dyn Owner>, request: &Request, wait: WaitSpec) -> Attempt {
         self.decide(&|| Arc::clone(this), request, wait)
     }
 

@@ -4,8 +4,8 @@ use super::admit::Admit;
 use super::builder::AdmissionBuilder;
 use super::capacity::MAX_SLOTS;
 use super::cost::KvCost;
-use super::decision::Shared;
-use super::owner::{Attempt, Owner};
+use super::decision::{NoWait, Shared};
+use super::owner::Owner;
 use super::permit::Permit;
 use super::rates::{self, RateLimitStatus};
 use super::rejection::Rejection;
@@ -119,14 +119,7 @@ impl<C: Clock> Admission<C> {
     #[inline]
     pub fn try_admit(&self, request: &Request) -> Result<Permit, Rejection> {
         let owner = || Arc::clone(&self.shared) as Arc<dyn Owner>;
-        match self.shared.decide(&owner, request, None) {
-            Attempt::Granted(permit) => Ok(permit),
-            Attempt::Refused(rejection) => {
-                self.shared.core.count_rejection(&rejection, request.tenant.is_some());
-                Err(rejection)
-            }
-            Attempt::Queued(_) => unreachable!("a request that may not wait never queues"),
-        }
+        self.shared.decide(&owner, request, NoWait)
     }
 
     /// Waits for admission: resolves at once when capacity is free and nobody of the same or a higher

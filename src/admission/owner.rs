@@ -56,9 +56,9 @@ pub(crate) trait Owner: Send + Sync + fmt::Debug + 'static {
     fn real_time_until(&self, deadline: u64) -> Duration;
     /// Gives back exactly `charges` (global buckets, and the tenant's).
     fn refund(&self, charges: Charges, tenant: Option<&dyn TenantHandle>);
-    /// The one admission decision: grant now, queue (when `wait` is given), or refuse. A refusal holds
-    /// nothing; it is not counted yet.
-    fn attempt(&self, this: &Arc<dyn Owner>, request: &Request, wait: Option<WaitSpec>) -> Attempt;
+    /// The one admission decision for a request that may wait: grant now, queue, or refuse. A refusal
+    /// holds nothing; it is not counted yet.
+    fn attempt(&self, this: &Arc<dyn Owner>, request: &Request, wait: WaitSpec) -> Attempt;
     /// A completed request produced `unused_output` fewer tokens than it reserved: token fairness takes
     /// that output back from its tenant's counter.
     fn refund_output(&self, unused_output: u64, tenant: Option<&dyn TenantHandle>);

@@ -55,6 +55,7 @@ pub struct Permit {
 
 impl Permit {
     /// A permit for capacity already reserved for `request`: counts the admission.
+    #[inline(always)]
     pub(crate) fn granted(
         owner: Arc<dyn Owner>,
         request: &Request,

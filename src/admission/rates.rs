@@ -77,7 +77,7 @@ impl<C: Clock> Rates<C> {
     }
 
     /// Charges one request and `total` tokens at `now`, all or nothing, and says what was charged.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn charge(&self, total: u64, now: u64) -> Result<Charge, RateRefusal> {
         if let Some(requests) = &self.requests {
             if let Err(err) = requests.try_acquire_at(1, now) {
