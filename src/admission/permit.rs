@@ -153,6 +153,7 @@ impl Permit {
 }
 
 impl Drop for Permit {
+    #[inline]
     fn drop(&mut self) {
         let core = self.owner.core();
         if self.sample {

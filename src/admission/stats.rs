@@ -181,14 +181,13 @@ fn stripe() -> usize {
     thread_local! {
         static STRIPE: Cell<usize> = const { Cell::new(usize::MAX) };
     }
-    STRIPE.with(|s| {
-        let mut i = s.get();
-        if i == usize::MAX {
-            i = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % STRIPES;
-            s.set(i);
-        }
-        i
-    })
+    let i = STRIPE.get();
+    if i != usize::MAX {
+        return i;
+    }
+    let i = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % STRIPES;
+    STRIPE.set(i);
+    i
 }
 
 /// Under loom every thread counts in the first stripe (the counter is not what the models check).
