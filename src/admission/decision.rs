@@ -183,7 +183,8 @@ impl<C: Clock> Shared<C> {
 
     /// The one decision (see the module docs).
     ///
-    /// `this` hands out the owner a permit keeps (called only when one is granted).
+    /// `this` hands out the owner a permit keeps (called only when one is granted); `wait` says what a
+    /// request held back by capacity does (see [`Waiting`]).
     #[inline]
     pub(crate) fn decide<W: Waiting>(
         &self,
