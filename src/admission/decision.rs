@@ -47,15 +47,17 @@ pub(crate) enum HeldBy {
 }
 
 /// What a request that finds no capacity does, chosen by type: [`NoWait`] is refused (`try_admit`), a
-/// [`WaitSpec`] queues. Each has its own result type, so that `try_admit` builds its
-/// `Result<Permit, Rejection>` in place, with no variant for a wait it never makes.
-pub(crate) trait Waiting: Sized {
+/// [`WaitSpec`] tries to queue (and may still be refused: see `Shared::queue`). Each has its own result
+/// type, so that `try_admit` builds its `Result<Permit, Rejection>` in place, with no variant for a wait it
+/// never makes.
+pub(crate) trait Waiting {
     type Output;
     fn granted(permit: Permit) -> Self::Output;
     /// A refusal of `request` (holding nothing); `try_admit`'s is counted here, a waiting request's
     /// where its future resolves.
     fn refused(core: &Core, request: &Request, rejection: Rejection) -> Self::Output;
-    /// Capacity (the server's or the tenant's, as `held_by` says) held the request back; nothing is taken.
+    /// Capacity (the server's or the tenant's, as `held_by` says) held the request back; it holds nothing
+    /// when this is called.
     fn held_back<C: Clock>(
         self,
         shared: &Shared<C>,
@@ -417,9 +419,9 @@ impl<C: Clock> Shared<C> {
         }
     }
 
-    /// The refusal of a request that may not wait: `NoCapacity` when the server's capacity held it back,
-    /// `RateLimited` with the tenant's own hint when its tenant's did.
-    /// The hint is never earlier than the request's rates would pass it.
+    /// The refusal of a request held back that does not wait (`try_admit`, or an admission without a
+    /// waiting room): `NoCapacity` when the server's capacity held it back, `RateLimited` with the tenant's
+    /// own hint when its tenant's did. The hint is never earlier than the request's rates would pass it.
     fn refusal(&self, held_by: HeldBy, request: &Request, tenant: Option<&TenantState<C>>) -> Rejection {
         let rejection = match (held_by, tenant) {
             (HeldBy::Tenant, Some(t)) => Rejection::RateLimited { retry_after: t.core().hint() },
