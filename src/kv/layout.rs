@@ -122,6 +122,25 @@ impl CacheGroup {
         }
     }
 
+    /// An upper bound of the blocks one group holds while a prompt of `prompt` tokens is prefilled in chunks
+    /// of at most `chunk` tokens (`chunk ≥ 1`), whatever the schedule. A chunk computing tokens `s..e`
+    /// (`e − s ≤ chunk`) holds the blocks from the first one not skipped at `s` computed tokens to
+    /// `cdiv(e, b)`: sliding layers skip `max(0, s − window + 1)` tokens, chunked layers `(s // size) ×
+    /// size`, so at most `window − 1 + chunk` (or `size − 1 + chunk`) tokens, which may start anywhere in a
+    /// block: one block more than they fill.
+    fn prefill_peak(&self, prompt: u64, chunk: u64) -> u64 {
+        let all = prompt.div_ceil(self.block_tokens);
+        let span = |kept: u32| {
+            let tokens = u64::from(kept).saturating_sub(1).saturating_add(chunk).min(prompt);
+            (tokens.div_ceil(self.block_tokens) + 1).min(all)
+        };
+        match self.policy {
+            GroupPolicy::Full | GroupPolicy::State => self.held(prompt),
+            GroupPolicy::Sliding { window } => span(window),
+            GroupPolicy::Chunked { chunk: size } => span(size),
+        }
+    }
+
     /// Blocks of one group lying wholly inside a shared prefix of `prefix` tokens that a sequence still holds
     /// right after its prefill (the most it ever holds of them; later, sliding and chunked layers free them).
     fn shared(&self, prefix: u64) -> u64 {
@@ -469,11 +488,14 @@ impl KvLayout {
     }
 
     /// An upper bound of the bytes a sequence holds while its prompt of `prompt_tokens` tokens is prefilled
-    /// in chunks of `chunk_tokens` (vLLM's `max_num_batched_tokens`): sliding layers then hold the last
-    /// `window − 1` computed tokens plus the chunk, `cdiv(window − 1 + chunk, block) + 1` blocks (the bound
-    /// of `SlidingWindowSpec.max_memory_usage_bytes`, at most the prompt's blocks); chunked layers at most
-    /// `chunk_size + chunk` tokens (`ChunkedLocalAttentionSpec.max_memory_usage_bytes`); full layers and
-    /// states as at the end of the prompt. llama.cpp: one slot.
+    /// in chunks of at most `chunk_tokens` (vLLM's `max_num_batched_tokens`), however the scheduler splits
+    /// it: sliding layers then hold the last `window − 1` computed tokens plus the chunk,
+    /// `cdiv(window − 1 + chunk, block) + 1` blocks (the bound of `SlidingWindowSpec.max_memory_usage_bytes`),
+    /// chunked layers the computed part of the local chunk plus the chunk, `cdiv(chunk_size − 1 + chunk,
+    /// block) + 1` blocks (one block more than `ChunkedLocalAttentionSpec.max_memory_usage_bytes` counts:
+    /// the local chunk need not start on a block boundary); either at most the prompt's blocks. Full layers
+    /// and states as at the end of the prompt. At least [`sequence_bytes`](Self::sequence_bytes) of the
+    /// prompt. llama.cpp: one slot.
     #[must_use]
     pub fn prefill_peak_bytes(&self, prompt_tokens: u64, chunk_tokens: u64) -> u64 {
         if prompt_tokens == 0 || !self.engine.is_vllm() {
@@ -481,18 +503,7 @@ impl KvLayout {
         }
         let chunk = chunk_tokens.max(1);
         let blocks = self.types.iter().fold(0u64, |acc, t| {
-            let all = prompt_tokens.div_ceil(t.block_tokens);
-            let held = match t.policy {
-                GroupPolicy::Full | GroupPolicy::State => t.held(prompt_tokens),
-                GroupPolicy::Sliding { window } => {
-                    let tokens = (u64::from(window) - 1).saturating_add(chunk).min(prompt_tokens);
-                    (tokens.div_ceil(t.block_tokens) + 1).min(all)
-                }
-                GroupPolicy::Chunked { chunk: size } => {
-                    u64::from(size).saturating_add(chunk).min(prompt_tokens).div_ceil(t.block_tokens)
-                }
-            };
-            acc.saturating_add(held.saturating_mul(u64::from(t.groups)))
+            acc.saturating_add(t.prefill_peak(prompt_tokens, chunk).saturating_mul(u64::from(t.groups)))
         });
         blocks.saturating_mul(self.block_bytes)
     }
@@ -591,6 +602,43 @@ mod tests {
             for tokens in 1..2000 {
                 max = max.max(g.held(tokens));
                 assert_eq!(g.peak(tokens), max, "{g:?} at {tokens}");
+            }
+        }
+    }
+
+    #[test]
+    fn prefill_peak_covers_every_chunk_of_every_schedule() {
+        // A chunk computing tokens s..e holds cdiv(e, b) − skipped(s) / b blocks; the worst chunk of any
+        // schedule ends as far from s as allowed (e = min(s + chunk, prompt)).
+        let skipped = |policy: GroupPolicy, s: u64| match policy {
+            GroupPolicy::Sliding { window } => (s + 1).saturating_sub(u64::from(window)),
+            GroupPolicy::Chunked { chunk } => s / u64::from(chunk) * u64::from(chunk),
+            GroupPolicy::Full | GroupPolicy::State => 0,
+        };
+        let policies = [
+            GroupPolicy::Sliding { window: 1 },
+            GroupPolicy::Sliding { window: 5 },
+            GroupPolicy::Sliding { window: 40 },
+            GroupPolicy::Chunked { chunk: 1 },
+            GroupPolicy::Chunked { chunk: 7 },
+            GroupPolicy::Chunked { chunk: 40 },
+            GroupPolicy::Chunked { chunk: 64 },
+        ];
+        for policy in policies {
+            for b in [1u64, 3, 16, 100] {
+                let g = group(policy, b);
+                for chunk in [1u64, 2, 9, 16, 50] {
+                    for prompt in 1u64..300 {
+                        let worst = (0..prompt)
+                            .map(|s| (s + chunk).min(prompt).div_ceil(b) - skipped(policy, s) / b)
+                            .max()
+                            .unwrap();
+                        let bound = g.prefill_peak(prompt, chunk);
+                        assert!(bound >= worst, "{g:?} chunk {chunk} prompt {prompt}: {bound} < {worst}");
+                        assert!(bound >= g.held(prompt), "{g:?} chunk {chunk} prompt {prompt}");
+                        assert!(bound <= prompt.div_ceil(b), "{g:?} chunk {chunk} prompt {prompt}");
+                    }
+                }
             }
         }
     }
