@@ -36,7 +36,7 @@ pub fn check_spec(spec: &ModelSpec, tokens: u64, block: u32) {
     }
 }
 
-/// The engine layouts of `spec` (where the engine accepts it): peaks cover the steady state, and every
+/// The engine layouts of `spec` (where the engine accepts it): peaks (prefill peaks too) cover the steady state, and every
 /// function of the layout is total.
 fn check_engines(spec: &ModelSpec, tokens: u64, block: u32) {
     let engines = [Engine::Vllm, Engine::VllmUniform, Engine::LlamaCpp { n_ctx: 4096, n_parallel: 4 }];
@@ -49,7 +49,10 @@ fn check_engines(spec: &ModelSpec, tokens: u64, block: u32) {
                 assert!(peak >= now, "{engine}: peak {peak} < {now} at {t}");
                 assert!(layout.max_sequence_bytes(t.saturating_add(1)) >= peak, "{engine}: peak not monotone at {t}");
                 let prefix = t / 2;
-                let _ = layout.prefill_peak_bytes(t, 8192);
+                for chunk in [1, 512, 8192] {
+                    let prefill = layout.prefill_peak_bytes(t, chunk);
+                    assert!(prefill >= now, "{engine}: prefill peak {prefill} < {now} at {t} in chunks of {chunk}");
+                }
                 let _ = layout.max_suffix_bytes(t, prefix).saturating_add(layout.prefix_bytes(prefix));
                 let _ = layout.kv_cache_tokens(layout.num_blocks(t));
             }
