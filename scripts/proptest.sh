@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs every property test of the library from fresh random seeds with more cases than CI gives them.
+# Runs every property test of the kvgate crate (its unit tests and tests/*.rs) from fresh random seeds,
+# with more cases than CI gives them where a test honours PROPTEST_CASES.
 # CI runs the same tests from one fixed seed (PROPTEST_RNG_SEED in .ci/run), so that a CI run is
 # reproducible; this script is where new cases are found.
 #
@@ -7,8 +8,8 @@
 #   scripts/proptest.sh 50000 3    # 50,000 cases, three seeds one after the other
 #
 # A failure prints the minimal input and its seed line, which proptest also appends to the test's
-# `tests/<name>.proptest-regressions` file: commit that file with the fix, so that every later run (CI's
-# too) tries the case first.
+# `tests/<name>.proptest-regressions` (`proptest-regressions/<module>.txt` for a unit test): commit that
+# file with the fix, so that every later run (CI's too) tries the case first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cases="${1:-5000}"

@@ -53,7 +53,7 @@ impl<T: ?Sized> OutputCounter<T> for OnePerItem {
 }
 
 /// Counts nothing and reports nothing: the permit is returned without an output count. The default of
-/// [`PermitBody`](crate::http::PermitBody), whose data frames are bytes, not tokens (a non-streamed
+/// `http::PermitBody` (feature `http-body`), whose data frames are bytes, not tokens (a non-streamed
 /// answer is one frame, however many tokens it holds).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Uncounted;
@@ -78,7 +78,7 @@ impl<T: ?Sized, F: FnMut(&T) -> u32> OutputCounter<T> for F {
 
 /// A grant that is ended by reporting the output tokens its request produced: [`Permit::complete`], or
 /// the permit of another admission (one shared by several replicas, a gateway's permit over several
-/// servers). [`PermitStream`], [`PermitBody`](crate::http::PermitBody) and the tower layer hold any
+/// servers). [`PermitStream`], `http::PermitBody` (feature `http-body`) and the tower layer hold any
 /// `Complete` permit and end it exactly once: `complete` with the count when the counter knows it,
 /// otherwise by dropping it.
 ///

@@ -132,7 +132,7 @@ impl CacheGroup {
         let all = prompt.div_ceil(self.block_tokens);
         let span = |kept: u32| {
             let tokens = u64::from(kept).saturating_sub(1).saturating_add(chunk).min(prompt);
-            (tokens.div_ceil(self.block_tokens) + 1).min(all)
+            tokens.div_ceil(self.block_tokens).saturating_add(1).min(all)
         };
         match self.policy {
             GroupPolicy::Full | GroupPolicy::State => self.held(prompt),
@@ -492,10 +492,11 @@ impl KvLayout {
     /// it: sliding layers then hold the last `window − 1` computed tokens plus the chunk,
     /// `cdiv(window − 1 + chunk, block) + 1` blocks (the bound of `SlidingWindowSpec.max_memory_usage_bytes`),
     /// chunked layers the computed part of the local chunk plus the chunk, `cdiv(chunk_size − 1 + chunk,
-    /// block) + 1` blocks (one block more than `ChunkedLocalAttentionSpec.max_memory_usage_bytes` counts:
-    /// the local chunk need not start on a block boundary); either at most the prompt's blocks. Full layers
-    /// and states as at the end of the prompt. At least [`sequence_bytes`](Self::sequence_bytes) of the
-    /// prompt. llama.cpp: one slot.
+    /// block) + 1` blocks (at most one block more than `ChunkedLocalAttentionSpec.max_memory_usage_bytes`
+    /// counts: the local chunk need not start on a block boundary); either at most the prompt's blocks. Full
+    /// layers and states as at the end of the prompt. At least [`sequence_bytes`](Self::sequence_bytes) of
+    /// the prompt; saturates at `u64::MAX`. llama.cpp: [`sequence_bytes`](Self::sequence_bytes) of the prompt
+    /// (one slot, or `u64::MAX` for a prompt longer than a slot).
     #[must_use]
     pub fn prefill_peak_bytes(&self, prompt_tokens: u64, chunk_tokens: u64) -> u64 {
         if prompt_tokens == 0 || !self.engine.is_vllm() {

@@ -290,8 +290,9 @@ impl GpuPlan {
     }
 
     /// An upper bound of the bytes a sequence holds across the group while its prompt of `prompt_tokens`
-    /// is prefilled in chunks of `chunk_tokens` ([`KvLayout::prefill_peak_bytes`] × degree): sliding
-    /// layers then briefly hold the window plus the chunk.
+    /// is prefilled in chunks of at most `chunk_tokens`, however the scheduler splits it
+    /// ([`KvLayout::prefill_peak_bytes`] × degree): sliding and chunked-local layers then briefly hold
+    /// their window (or local chunk) plus the chunk, and a block more.
     #[must_use]
     pub fn prefill_peak_bytes(&self, prompt_tokens: u64, chunk_tokens: u64) -> u64 {
         self.across_group(self.layout.prefill_peak_bytes(prompt_tokens, chunk_tokens))
