@@ -81,12 +81,62 @@ fn invented_prefix_ids_cannot_grow_the_table() {
 }
 
 #[test]
-fn a_prefix_longer_than_the_prompt_counts_as_the_prompt_and_zero_entries_is_an_error() {
+fn a_prefix_longer_than_the_prompt_counts_as_the_prompt_less_one_token_and_zero_entries_is_an_error() {
+    // The engine computes the prompt's last token itself: 99 of the 100 come from the prefix.
     let admission = Admission::builder().kv_capacity_tokens(1_000).prefix_sharing(4).build().unwrap();
     let long = Request::new(100, 20).prefix("p", 10_000);
     let a = admission.try_admit(&long).unwrap();
     let b = admission.try_admit(&long).unwrap();
-    assert_eq!((a.kv_reserved(), b.kv_reserved()), (20, 20));
-    assert_eq!(admission.snapshot().kv_used, 140);
+    assert_eq!((a.kv_reserved(), b.kv_reserved()), (21, 21));
+    assert_eq!(admission.snapshot().kv_used, 99 + 2 * 21);
+    // A prompt of one token takes nothing from a prefix: no entry, charged in full.
+    let one = admission.try_admit(&Request::new(1, 9).prefix("q", 1)).unwrap();
+    assert_eq!((one.kv_reserved(), admission.snapshot().prefixes), (10, 1));
     assert!(Admission::builder().prefix_sharing(0).build().is_err());
+}
+
+#[test]
+fn a_prefix_equal_to_the_prompt_leaves_each_request_its_last_block() {
+    // vLLM caps a cache hit at the prompt less one token: with the prompt exactly the prefix, each request
+    // recomputes the prefix's last block into a block of its own.
+    let plan = GpuPlan::builder(ModelSpec::preset("llama-3.1-8b").unwrap()).gpu("h100-80").build().unwrap();
+    let admission = Admission::builder().gpu_plan(&plan).prefix_sharing(4).build().unwrap();
+    let request = Request::new(4_096, 64).prefix("system", 4_096);
+    let permits: Vec<_> = (0..10).map(|_| admission.try_admit(&request).unwrap()).collect();
+    let shared = plan.prefix_bytes(4_095);
+    assert_eq!(shared, plan.prefix_bytes(4_096) - plan.layout().block_bytes(), "the prefix's last block is its own");
+    assert_eq!(admission.snapshot().kv_used, shared + 10 * plan.max_suffix_bytes(4_160, 4_095));
+    drop(permits);
+}
+
+#[test]
+fn requests_pricing_one_prefix_differently_do_not_share_it() {
+    // A short request naming the system prompt prices it at its own prompt (less one token); chats that
+    // really start with the whole prompt are charged in full while that entry is held.
+    let admission = Admission::builder().kv_capacity_tokens(20_000).prefix_sharing(16).build().unwrap();
+    let short = admission.try_admit(&Request::new(100, 10).prefix("system", 4_000)).unwrap();
+    let chats: Vec<_> =
+        std::iter::from_fn(|| admission.try_admit(&Request::new(4_100, 100).prefix("system", 4_000)).ok()).collect();
+    assert_eq!(chats.len(), 4, "each chat charged its whole 4,200 tokens");
+    assert_eq!(admission.snapshot().kv_used, 110 + 4 * 4_200);
+    drop((short, chats));
+    // With the short request gone the chats share the prefix again.
+    let chats: Vec<_> =
+        std::iter::from_fn(|| admission.try_admit(&Request::new(4_100, 100).prefix("system", 4_000)).ok()).collect();
+    assert_eq!(chats.len(), 80, "(20,000 − 4,000) / 200");
+    assert_eq!(admission.snapshot().kv_used, 4_000 + 80 * 200);
+}
+
+#[test]
+fn bytes_requests_pricing_one_prefix_differently_stay_within_the_budget() {
+    let plan = GpuPlan::builder(ModelSpec::preset("llama-3.1-8b").unwrap()).gpu("h100-80").build().unwrap();
+    let admission = Admission::builder().gpu_plan(&plan).prefix_sharing(16).build().unwrap();
+    let short = admission.try_admit(&Request::new(16, 16).prefix("system", 8_000)).unwrap();
+    let chats: Vec<_> =
+        std::iter::from_fn(|| admission.try_admit(&Request::new(8_100, 100).prefix("system", 8_000)).ok()).collect();
+    // Each chat is charged in full: the engine's bytes for every chat fit the budget.
+    let used = admission.snapshot().kv_used;
+    assert_eq!(used, short.kv_reserved() + chats.len() as u64 * plan.max_sequence_bytes(8_200));
+    assert!(used <= plan.kv_budget_bytes());
+    drop((short, chats));
 }

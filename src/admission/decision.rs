@@ -153,9 +153,11 @@ impl<C: Clock> Shared<C> {
     /// The request's cost split around its shared prefix, when prefix sharing is on and it named one.
     #[inline]
     fn split(&self, request: &Request) -> Option<Split> {
-        let prefix = request.prefix.filter(|p| self.prefix_sharing && p.tokens > 0)?;
-        let tokens = u64::from(prefix.tokens.min(request.prompt_tokens));
-        Some(self.kv_cost.split(prefix.id, self.reservation.tokens(request), tokens))
+        let prefix = request.prefix.filter(|_| self.prefix_sharing)?;
+        // An engine computes at least the prompt's last token itself (vLLM caps a cache hit at the
+        // prompt less one token), so at most `prompt − 1` tokens can come from the shared prefix.
+        let tokens = prefix.tokens.min(request.prompt_tokens.saturating_sub(1));
+        (tokens > 0).then(|| self.kv_cost.split(prefix.id, self.reservation.tokens(request), u64::from(tokens)))
     }
 
     /// Step 1, global part: what no amount of waiting changes. Returns the request's KV units (its whole

@@ -15,8 +15,12 @@
 //!    shares nothing.
 //! 3. A waiter that refers to an entry reserves only its suffix while waiting; whether the prefix must
 //!    be charged too is decided at the moment it is granted.
+//! 4. Every request referring to an entry prices the prefix at the entry's units: a request naming the
+//!    same id with another length (or a prompt too short for the whole prefix) shares nothing and is
+//!    charged in full, so the units charged for an entry cover what each of its holders leaves out.
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry::{Occupied, Vacant};
 use std::hash::BuildHasherDefault;
 
 use super::hasher::KeyHasher;
@@ -66,7 +70,7 @@ impl From<&str> for PrefixId {
 pub struct Prefix {
     /// Which prefix.
     pub id: PrefixId,
-    /// Its length in tokens (at most the request's prompt; longer counts as the whole prompt).
+    /// Its length in tokens (at most the request's prompt less one token; longer counts as that).
     pub tokens: u32,
 }
 
@@ -122,9 +126,11 @@ impl PrefixTable {
     }
 
     /// The KV units a holder of `split` must take now: its suffix, plus the prefix if nobody holds it.
-    /// `Alone` when the table has no room for a new prefix.
+    /// `Alone` when the table has no room for a new prefix, or when the entry of its id prices the prefix
+    /// differently (another length of it, or one cut to a shorter prompt).
     pub(crate) fn need(&self, split: &Split) -> (u64, Sharing) {
         match self.entries.get(&split.id) {
+            Some(entry) if entry.units != split.prefix => (split.whole(), Sharing::Alone),
             Some(entry) if entry.holders > 0 => (split.suffix, Sharing::Shared(split.id)),
             Some(entry) => (split.suffix.saturating_add(entry.units), Sharing::Shared(split.id)),
             None if self.entries.len() < self.max_entries => (split.whole(), Sharing::Shared(split.id)),
@@ -132,10 +138,11 @@ impl PrefixTable {
         }
     }
 
-    /// Records a new holder of `split` (after its `need` was taken). Returns the KV units it did not have
-    /// to take because the prefix was held already.
+    /// Records a new holder of `split` (after its `need` was taken and said `Shared`). Returns the KV units
+    /// it did not have to take because the prefix was held already.
     pub(crate) fn hold(&mut self, split: &Split) -> u64 {
         let entry = self.entries.entry(split.id).or_insert(Entry { units: split.prefix, holders: 0, waiters: 0 });
+        debug_assert_eq!(entry.units, split.prefix, "`need` shares an entry only with the same units");
         let saved = if entry.holders > 0 { entry.units } else { 0 };
         entry.holders += 1;
         saved
@@ -155,13 +162,22 @@ impl PrefixTable {
         units
     }
 
-    /// A waiter of `split` starts waiting: `Shared` if the table has (or makes) its entry.
+    /// A waiter of `split` starts waiting: `Shared` if the table has (or makes) its entry with the same
+    /// prefix units; `Alone` as in [`need`](Self::need).
     pub(crate) fn wait(&mut self, split: &Split) -> Sharing {
-        if !self.entries.contains_key(&split.id) && self.entries.len() >= self.max_entries {
-            return Sharing::Alone;
+        let full = self.entries.len() >= self.max_entries;
+        match self.entries.entry(split.id) {
+            Occupied(entry) if entry.get().units != split.prefix => Sharing::Alone,
+            Occupied(mut entry) => {
+                entry.get_mut().waiters += 1;
+                Sharing::Shared(split.id)
+            }
+            Vacant(_) if full => Sharing::Alone,
+            Vacant(slot) => {
+                slot.insert(Entry { units: split.prefix, holders: 0, waiters: 1 });
+                Sharing::Shared(split.id)
+            }
         }
-        self.entries.entry(split.id).or_insert(Entry { units: split.prefix, holders: 0, waiters: 0 }).waiters += 1;
-        Sharing::Shared(split.id)
     }
 
     /// The KV units a waiter of `id` with `suffix` must take when granted.
@@ -213,6 +229,21 @@ mod tests {
         assert_eq!(table.release(a.id), 0);
         assert_eq!(table.release(a.id), 100);
         assert_eq!(table.len(), 0);
+    }
+
+    #[test]
+    fn a_request_pricing_the_prefix_differently_shares_nothing() {
+        let mut table = PrefixTable::new(4);
+        let short = Split { id: PrefixId::from(1), prefix: 6, suffix: 10 };
+        let long = Split { id: PrefixId::from(1), prefix: 250, suffix: 20 };
+        assert_eq!(table.need(&short), (16, Sharing::Shared(short.id)));
+        assert_eq!(table.hold(&short), 0);
+        assert_eq!(table.need(&long), (270, Sharing::Alone));
+        assert_eq!(table.wait(&long), Sharing::Alone);
+        assert_eq!(table.release(short.id), 6);
+        assert_eq!(table.len(), 0);
+        // Once the entry is gone, the long prefix makes its own.
+        assert_eq!(table.need(&long), (270, Sharing::Shared(long.id)));
     }
 
     #[test]

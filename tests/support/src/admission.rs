@@ -292,9 +292,10 @@ impl Model {
     }
 
     fn split(&self, req: &Req) -> Option<Split> {
-        let (id, tokens) = req.prefix.filter(|p| self.cfg.prefix_sharing.is_some() && p.1 > 0)?;
-        let p = u64::from(tokens.min(req.prompt));
-        Some((id, p, req.total() - p))
+        let (id, tokens) = req.prefix.filter(|_| self.cfg.prefix_sharing.is_some())?;
+        // At most prompt − 1 tokens come from the prefix (the engine computes the last one).
+        let p = u64::from(tokens.min(req.prompt.saturating_sub(1)));
+        (p > 0).then(|| (id, p, req.total() - p))
     }
 
     fn entry(&mut self, id: u8) -> Option<&mut MPrefix> {
@@ -304,6 +305,8 @@ impl Model {
     /// (units to take now, shared?)
     fn prefix_need(&self, (id, p, s): Split) -> (u64, bool) {
         match self.prefixes.iter().find(|e| e.id == id) {
+            // Another pricing of the same id shares nothing.
+            Some(e) if e.units != p => (p + s, false),
             Some(e) if e.holders > 0 => (s, true),
             Some(e) => (s + e.units, true),
             None if self.prefixes.len() < self.cfg.prefix_sharing.unwrap() => (p + s, true),
@@ -337,6 +340,9 @@ impl Model {
     }
 
     fn prefix_wait(&mut self, (id, p, _): Split) -> bool {
+        if self.entry(id).is_some_and(|e| e.units != p) {
+            return false;
+        }
         if self.entry(id).is_none() {
             if self.prefixes.len() >= self.cfg.prefix_sharing.unwrap() {
                 return false;
