@@ -262,3 +262,49 @@ fn engine_combinations_vllm_refuses_are_refused() {
     let msg = err.unwrap_err().to_string();
     assert!(msg.contains("allocates its 8 slots up front"), "{msg}");
 }
+
+#[test]
+fn a_cache_hit_is_whole_blocks_of_every_group() {
+    // Gemma 4 26B A4B: sliding blocks of 16 tokens, full-attention blocks of 32. A later request takes
+    // 1,024 tokens of a 1,040-token prefix from the cache (a multiple of both) and computes sliding block
+    // 64 again into a block of its own: it is not part of the shared charge.
+    let layout = ModelSpec::preset("gemma-4-26b-a4b").unwrap().kv_layout(KvDtype::Bf16, 16, Engine::Vllm).unwrap();
+    let blocks: Vec<_> = layout.groups().iter().map(|g| (g.policy(), g.block_tokens(), g.groups())).collect();
+    assert_eq!(blocks, [(GroupPolicy::Sliding { window: 1024 }, 16, 5), (GroupPolicy::Full, 32, 1)]);
+    assert_eq!(layout.cache_hit_tokens(1_040), 1_024);
+    assert_eq!(layout.prefix_bytes(1_040), layout.prefix_bytes(1_024));
+    let (p, prompt, t) = (1_040, 1_100, 1_200);
+    let held = support::vllm_blocks::held_together(&layout, p, prompt, &[t; 100]);
+    assert!(held <= layout.prefix_bytes(p) + 100 * layout.max_suffix_bytes(t, p));
+    // One group: a hit is whole blocks of it.
+    let llama = ModelSpec::preset("llama-3.1-8b").unwrap().kv_layout(KvDtype::Bf16, 16, Engine::Vllm).unwrap();
+    assert_eq!(llama.cache_hit_tokens(1_040), 1_040);
+    assert_eq!(llama.cache_hit_tokens(1_047), 1_040);
+}
+
+#[test]
+fn shared_prefixes_of_the_presets_cover_what_vllm_holds() {
+    for name in ["llama-3.1-8b", "gemma-4-26b-a4b", "gemma-3-27b", "gpt-oss-20b", "qwen3-next-80b-a3b"] {
+        let layout = ModelSpec::preset(name).unwrap().kv_layout(KvDtype::Bf16, 16, Engine::Vllm).unwrap();
+        for (p, prompt) in [(1_024, 1_060), (1_040, 1_100), (4_096, 4_097), (4_095, 4_096), (3_000, 3_001)] {
+            for t in [prompt, prompt + 100, prompt + 1_000, prompt + 5_000] {
+                let held = support::vllm_blocks::held_together(&layout, p, prompt, &[t; 10]);
+                let charged = layout.prefix_bytes(p) + 10 * layout.max_suffix_bytes(t, p);
+                assert!(held <= charged, "{name}: p {p} prompt {prompt} t {t}: held {held} > charged {charged}");
+            }
+        }
+    }
+}
+
+#[test]
+fn chunked_layers_with_large_blocks_peak_within_the_sequence() {
+    // Page unification gives the chunked layer (4 bytes a token) blocks of 131,072 tokens: its peak is
+    // bounded by the blocks the sequence has, so the suffix with no prefix is the whole sequence's peak.
+    let spec = ModelSpec::builder("m").full(1, 64, 128).chunked_local(1, 1, 1, 3).build().unwrap();
+    let layout = spec.kv_layout(KvDtype::Bf16, 16, Engine::Vllm).unwrap();
+    let groups: Vec<_> = layout.groups().iter().map(|g| (g.policy(), g.block_tokens())).collect();
+    assert_eq!(groups, [(GroupPolicy::Full, 16), (GroupPolicy::Chunked { chunk: 3 }, 131_072)]);
+    let t = 20_000;
+    let most = (1..=t).map(|n| layout.sequence_bytes(n)).max().unwrap();
+    assert_eq!((layout.max_suffix_bytes(t, 0), layout.max_sequence_bytes(t)), (most, most));
+}

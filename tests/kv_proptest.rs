@@ -226,6 +226,22 @@ proptest! {
     }
 
     #[test]
+    fn requests_sharing_a_cached_prefix_hold_at_most_its_charge(
+        spec in engine_spec(), block in block(), p in 1u64..3_000, prompt in 1u64..3_000, grow in 0u64..1_000,
+        lengths in prop::collection::vec(0u64..1_000, 1..=4),
+    ) {
+        // Admission charges the prefix once and each request its suffix, with the prefix cut to the prompt
+        // less one token; the simulation holds what vLLM's cache hits leave each request.
+        let Ok(layout) = spec.kv_layout(KvDtype::Bf16, block, Engine::Vllm) else { return Ok(()) };
+        let p = p.min(prompt - 1);
+        let t = prompt + grow;
+        let lengths: Vec<u64> = lengths.iter().map(|n| prompt + n % (grow + 1)).collect();
+        let held = support::vllm_blocks::held_together(&layout, p, prompt, &lengths);
+        let charged = layout.prefix_bytes(p) + lengths.len() as u64 * layout.max_suffix_bytes(t, p);
+        prop_assert!(held <= charged, "p {} prompt {} t {} lengths {:?}: held {} > charged {}", p, prompt, t, lengths, held, charged);
+    }
+
+    #[test]
     fn prefill_peak_is_at_least_the_steady_state(spec in engine_spec(), block in block(), p in 0u64..100_000, chunk in 128u64..16_384) {
         let Ok(layout) = spec.kv_layout(KvDtype::Bf16, block, Engine::Vllm) else { return Ok(()) };
         prop_assert!(layout.prefill_peak_bytes(p, chunk) >= layout.sequence_bytes(p));

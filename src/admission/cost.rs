@@ -9,8 +9,8 @@ use std::sync::Arc;
 pub(crate) enum KvCost {
     /// `prompt_tokens + max_new_tokens` tokens.
     Tokens,
-    /// The most bytes a sequence of `prompt_tokens + max_new_tokens` tokens holds while it grows, under
-    /// the engine's allocator ([`KvLayout::max_sequence_bytes`]), times the GPUs of a tensor-parallel
+    /// At least the most bytes a sequence of `prompt_tokens + max_new_tokens` tokens holds while it grows,
+    /// under the engine's allocator ([`KvLayout::max_sequence_bytes`]), times the GPUs of a tensor-parallel
     /// group (each holds its share of every request).
     Bytes { layout: Arc<KvLayout>, gpus: u64 },
 }

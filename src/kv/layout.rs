@@ -177,7 +177,7 @@ fn chunked_peak(chunk: u64, b: u64, tokens: u64) -> u64 {
     const MAX_STEPS: u64 = 4096;
     if last.min(period) > MAX_STEPS {
         // An upper bound instead of a long loop: a whole chunk never spans more than cdiv(C + b − g, b).
-        return chunk.saturating_add(b - gcd(chunk, b)).div_ceil(b);
+        return chunk.saturating_add(b - gcd(chunk, b)).div_ceil(b).min(tokens.div_ceil(b));
     }
     (0..last.min(period)).map(value).fold(value(last), u64::max)
 }
@@ -187,6 +187,16 @@ fn gcd(mut a: u64, mut b: u64) -> u64 {
         (a, b) = (b, a % b);
     }
     a
+}
+
+/// The least common multiple of the attention groups' block sizes (states have no token blocks):
+/// `u64::MAX` when it does not fit, so that no cache hit is assumed.
+fn hit_align(types: &[CacheGroup]) -> u64 {
+    types
+        .iter()
+        .map(|t| t.block_tokens)
+        .filter(|&b| b != WHOLE_SEQUENCE)
+        .fold(1u64, |acc, b| (acc / gcd(acc, b)).saturating_mul(b))
 }
 
 /// How an engine lays out one model's cache; built by [`ModelSpec::kv_layout`].
@@ -217,6 +227,8 @@ pub struct KvLayout {
     group_size: u32,
     block_bytes: u64,
     types: Vec<CacheGroup>,
+    /// vLLM: tokens a cache hit is a multiple of (see [`KvLayout::cache_hit_tokens`]).
+    hit_align: u64,
 }
 
 /// One cache type while a vLLM layout is being built.
@@ -308,6 +320,7 @@ impl KvLayout {
             block_size,
             group_size: u32::try_from(group_size).unwrap_or(u32::MAX),
             block_bytes,
+            hit_align: hit_align(&types),
             types,
         };
         let to_u32 = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
@@ -394,7 +407,7 @@ impl KvLayout {
                 None => types.push(CacheGroup { policy, layers: g.layers(), groups: 1, block_tokens: cells }),
             }
         }
-        KvLayout { engine, dtype, block_size: 0, group_size: 1, block_bytes: slot_bytes, types }
+        KvLayout { engine, dtype, block_size: 0, group_size: 1, block_bytes: slot_bytes, types, hit_align: 1 }
     }
 
     /// The engine laid out for.
@@ -478,10 +491,13 @@ impl KvLayout {
         self.sequence_blocks(tokens).saturating_mul(self.block_bytes)
     }
 
-    /// The most bytes one sequence holds at steady decode while it grows to `tokens` tokens: what an
-    /// admission reserves for a request of `tokens` tokens (prompt plus the most it may generate). A sliding
-    /// group can hold one block more at an earlier length than at `tokens` (Gemma 3 27B at 32,768 tokens:
-    /// 64 blocks per sliding group, but 65 at 32,783). Monotone in `tokens`. Saturates at `u64::MAX`.
+    /// An upper bound of the bytes one sequence holds at steady decode while it grows to `tokens` tokens:
+    /// what an admission reserves for a request of `tokens` tokens (prompt plus the most it may generate).
+    /// Each group counts at its own peak: a sliding group can hold one block more at an earlier length
+    /// than at `tokens` (Gemma 3 27B: 65 blocks per sliding group at 32,767 tokens, 64 at 32,768). Groups
+    /// may peak at different lengths — chunked-local layers early in a local chunk, full layers at the
+    /// end — and then this is more than the sequence holds at any one length; exact for one group.
+    /// Monotone in `tokens`. Saturates at `u64::MAX`.
     #[must_use]
     pub fn max_sequence_bytes(&self, tokens: u64) -> u64 {
         self.max_sequence_blocks(tokens).saturating_mul(self.block_bytes)
@@ -509,22 +525,41 @@ impl KvLayout {
         blocks.saturating_mul(self.block_bytes)
     }
 
+    /// vLLM: the tokens of a prefix of `prefix_tokens` tokens that a later request can take from the cache
+    /// — whole blocks of every group at once, so a multiple of the least common multiple of the groups'
+    /// block sizes (`HybridKVCacheCoordinator`; one group: its whole blocks). Gemma 4 26B A4B (sliding
+    /// blocks of 16 tokens, full-attention blocks of 32): 1,024 of a 1,040-token prefix. llama.cpp: 0.
+    #[must_use]
+    pub fn cache_hit_tokens(&self, prefix_tokens: u64) -> u64 {
+        if !self.engine.is_vllm() {
+            return 0;
+        }
+        prefix_tokens / self.hit_align * self.hit_align
+    }
+
     /// Bytes of a shared prefix of `prefix_tokens` tokens (a system prompt every request starts with) that
     /// requests using it hold in common under prefix caching: the prefix's whole blocks that a sequence
     /// still holds right after prefilling it — every whole block in full-attention and MLA layers, those
     /// inside the window in sliding and chunked layers, none of a recurrent state (vLLM caches only full
-    /// blocks, and a state is each sequence's own). Charge it once while any request using the prefix
+    /// blocks, and a state is each sequence's own), up to the longest cache hit the prefix gives
+    /// ([`cache_hit_tokens`](Self::cache_hit_tokens)). Charge it once while any request using the prefix
     /// holds a permit, and each request [`max_suffix_bytes`](Self::max_suffix_bytes). 0 for llama.cpp,
     /// whose slots share nothing.
+    ///
+    /// It assumes the prefix's blocks stay cached while a request using it runs. A sliding or chunked
+    /// layer that has moved past the prefix returns its blocks to vLLM's free queue, where they stay
+    /// cached until evicted; under memory pressure a later request may find them gone and compute them
+    /// again into blocks of its own.
     #[must_use]
     pub fn prefix_bytes(&self, prefix_tokens: u64) -> u64 {
         if !self.engine.is_vllm() {
             return 0;
         }
+        let hit = self.cache_hit_tokens(prefix_tokens);
         let blocks = self
             .types
             .iter()
-            .fold(0u64, |acc, t| acc.saturating_add(t.shared(prefix_tokens).saturating_mul(u64::from(t.groups))));
+            .fold(0u64, |acc, t| acc.saturating_add(t.shared(hit).saturating_mul(u64::from(t.groups))));
         blocks.saturating_mul(self.block_bytes)
     }
 
@@ -537,7 +572,7 @@ impl KvLayout {
         if !self.engine.is_vllm() || tokens == 0 {
             return self.max_sequence_bytes(tokens);
         }
-        let prefix = prefix_tokens.min(tokens);
+        let prefix = self.cache_hit_tokens(prefix_tokens.min(tokens));
         let blocks = self.types.iter().fold(0u64, |acc, t| {
             let own = match t.policy {
                 GroupPolicy::State => t.peak(tokens),

@@ -282,8 +282,9 @@ impl GpuPlan {
         self.across_group(self.layout.sequence_bytes(tokens))
     }
 
-    /// The most bytes a request of `tokens` tokens (prompt plus the most it may generate) holds across the
-    /// group while it grows ([`KvLayout::max_sequence_bytes`] × degree): the price an admission reserves.
+    /// An upper bound of the bytes a request of `tokens` tokens (prompt plus the most it may generate)
+    /// holds across the group while it grows ([`KvLayout::max_sequence_bytes`] × degree): the price an
+    /// admission reserves.
     #[must_use]
     pub fn max_sequence_bytes(&self, tokens: u64) -> u64 {
         self.across_group(self.layout.max_sequence_bytes(tokens))

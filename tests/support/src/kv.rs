@@ -54,6 +54,7 @@ fn check_engines(spec: &ModelSpec, tokens: u64, block: u32) {
                     assert!(prefill >= now, "{engine}: prefill peak {prefill} < {now} at {t} in chunks of {chunk}");
                 }
                 let _ = layout.max_suffix_bytes(t, prefix).saturating_add(layout.prefix_bytes(prefix));
+                assert!(layout.cache_hit_tokens(prefix) <= prefix, "{engine}: a cache hit longer than its prefix");
                 let _ = layout.kv_cache_tokens(layout.num_blocks(t));
             }
         }

@@ -7,6 +7,7 @@
 //! | [`admission`] | the exact sequential model of an admission, its harness, [`assert_idle`](admission::assert_idle) | `admission_model`, `bad_inputs`, `fault_injection`, fuzz `admission_ops` |
 //! | [`hf`] | the Hugging Face `config.json` vocabulary the parser reads (keys, model types, layer types) | `kv_hf_config_proptest`, fuzz `hf_config_json` |
 //! | [`kv`] | [`check_spec`](kv::check_spec): every size function of a parsed spec is total and consistent | `kv_hf_config_proptest`, fuzz `hf_config_bytes` and `hf_config_json` |
+//! | [`vllm_blocks`] | a block-by-block simulation of requests sharing a cached prefix under vLLM's allocator | `kv_proptest`, `kv_engine` |
 //! | [`within`] | a watchdog: a call that hangs fails the test instead | `bad_inputs`, `fault_injection`, `admission_review` |
 //! | [`quiet_panics`] | silence for the panics a test injects on purpose (`injected ...`) | `admission_review`, `fault_injection` |
 //! | [`proptest_config`] | case counts (`PROPTEST_CASES`, fewer under miri) | every `*_proptest` and model test |
@@ -23,6 +24,7 @@ pub mod hf;
 pub mod kv;
 mod panics;
 mod threads;
+pub mod vllm_blocks;
 mod watchdog;
 
 #[cfg(feature = "proptest")]
