@@ -549,7 +549,9 @@ impl KvLayout {
     /// It assumes the prefix's blocks stay cached while a request using it runs. A sliding or chunked
     /// layer that has moved past the prefix returns its blocks to vLLM's free queue, where they stay
     /// cached until evicted; under memory pressure a later request may find them gone and compute them
-    /// again into blocks of its own.
+    /// again into blocks of its own. A model with recurrent layers is laid out as vLLM does by default
+    /// (one state page per request); vLLM's prefix-caching modes for such models keep states at block
+    /// boundaries and hold more, which this does not price.
     #[must_use]
     pub fn prefix_bytes(&self, prefix_tokens: u64) -> u64 {
         if !self.engine.is_vllm() {
