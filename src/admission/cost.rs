@@ -27,7 +27,8 @@ impl KvCost {
 
 impl KvCost {
     /// The cost of a request of `total_tokens` (prompt and reserved output) split around a prefix of
-    /// `prefix_tokens` (at most the prompt): the prefix's whole blocks once, and what the request adds.
+    /// `prefix_tokens` (at most the prompt less one token): the prefix's cached blocks once, and what the
+    /// request adds.
     pub(crate) fn split(&self, id: PrefixId, total_tokens: u64, prefix_tokens: u64) -> Split {
         match self {
             KvCost::Tokens => Split { id, prefix: prefix_tokens, suffix: total_tokens - prefix_tokens },
