@@ -4,7 +4,7 @@
 
 use futures::FutureExt;
 use kvgate::kv::{GpuPlan, ModelSpec};
-use kvgate::{Admission, Rejection, Request};
+use kvgate::{Admission, PrefixId, Rejection, Request};
 
 const SYSTEM_PROMPT: &str = "You are the company's assistant. Be concise.";
 
@@ -131,12 +131,73 @@ fn requests_pricing_one_prefix_differently_do_not_share_it() {
 fn bytes_requests_pricing_one_prefix_differently_stay_within_the_budget() {
     let plan = GpuPlan::builder(ModelSpec::preset("llama-3.1-8b").unwrap()).gpu("h100-80").build().unwrap();
     let admission = Admission::builder().gpu_plan(&plan).prefix_sharing(16).build().unwrap();
-    let short = admission.try_admit(&Request::new(16, 16).prefix("system", 8_000)).unwrap();
+    // The short request's prefix is its 99 tokens: six blocks from the cache, a pricing of its own.
+    let short = admission.try_admit(&Request::new(100, 16).prefix("system", 8_000)).unwrap();
+    assert_eq!(short.prefix(), Some(PrefixId::from("system")));
     let chats: Vec<_> =
         std::iter::from_fn(|| admission.try_admit(&Request::new(8_100, 100).prefix("system", 8_000)).ok()).collect();
     // Each chat is charged in full: the engine's bytes for every chat fit the budget.
     let used = admission.snapshot().kv_used;
-    assert_eq!(used, short.kv_reserved() + chats.len() as u64 * plan.max_sequence_bytes(8_200));
+    let short_whole = plan.prefix_bytes(99) + short.kv_reserved();
+    assert_eq!(used, short_whole + chats.len() as u64 * plan.max_sequence_bytes(8_200));
     assert!(used <= plan.kv_budget_bytes());
     drop((short, chats));
+}
+
+#[test]
+fn another_length_of_a_sliding_prefix_shares_nothing() {
+    // Every layer slides: the prefix's cached blocks are its last window, as many bytes at 10,000 tokens
+    // as at 20,000 but different blocks. The two lengths must not share one entry.
+    let plan = GpuPlan::builder(ModelSpec::preset("mistral-7b").unwrap()).gpu("h100-80").build().unwrap();
+    assert_eq!(plan.prefix_bytes(10_000), plan.prefix_bytes(20_000));
+    let admission = Admission::builder().gpu_plan(&plan).prefix_sharing(4).build().unwrap();
+    let short = admission.try_admit(&Request::new(10_001, 100).prefix("system", 10_000)).unwrap();
+    let long = admission.try_admit(&Request::new(20_001, 100).prefix("system", 20_000)).unwrap();
+    let cut = admission.try_admit(&Request::new(15_001, 100).prefix("system", 20_000)).unwrap();
+    assert_eq!(short.prefix(), Some(PrefixId::from("system")));
+    assert_eq!((long.prefix(), long.kv_reserved()), (None, plan.max_sequence_bytes(20_101)));
+    assert_eq!((cut.prefix(), cut.kv_reserved()), (None, plan.max_sequence_bytes(15_101)));
+    let short_whole = plan.prefix_bytes(10_000) + plan.max_suffix_bytes(10_101, 10_000);
+    assert_eq!(admission.snapshot().kv_used, short_whole + long.kv_reserved() + cut.kv_reserved());
+    drop((short, long, cut));
+    assert_eq!((admission.snapshot().kv_used, admission.snapshot().prefixes), (0, 0));
+}
+
+#[test]
+fn a_request_sharing_nothing_costs_what_it_costs_without_a_prefix() {
+    // With sliding layers the prefix and its suffix counted apart hold a window twice; a request that
+    // shares nothing, or whose shared pricing cannot fit the budget, pays only its own cost.
+    let plan = GpuPlan::builder(ModelSpec::preset("gemma-3-27b").unwrap()).gpu("h100-80").build().unwrap();
+    let alone = plan.max_sequence_bytes(20_100);
+    assert!(plan.prefix_bytes(19_999) + plan.max_suffix_bytes(20_100, 19_999) > alone);
+    let tight = Admission::builder()
+        .kv_layout(plan.layout().clone())
+        .kv_capacity_bytes(alone)
+        .prefix_sharing(4)
+        .build()
+        .unwrap();
+    let named = tight.try_admit(&Request::new(20_000, 100).prefix("system", 19_999)).unwrap();
+    assert_eq!((named.prefix(), named.kv_reserved()), (None, alone));
+    drop(named);
+    let full = Admission::builder().gpu_plan(&plan).prefix_sharing(1).build().unwrap();
+    let _other = full.try_admit(&Request::new(200, 10).prefix("other", 100)).unwrap();
+    let left_out = full.try_admit(&Request::new(20_000, 100).prefix("system", 19_999)).unwrap();
+    assert_eq!((left_out.prefix(), left_out.kv_reserved()), (None, alone));
+}
+
+#[test]
+fn a_prefix_shorter_than_a_block_takes_no_entry() {
+    let plan = GpuPlan::builder(ModelSpec::preset("llama-3.1-8b").unwrap()).gpu("h100-80").build().unwrap();
+    assert_eq!(plan.prefix_bytes(8), 0);
+    let admission = Admission::builder().gpu_plan(&plan).prefix_sharing(1).build().unwrap();
+    let tiny = admission.try_admit(&Request::new(100, 10).prefix("greeting", 8)).unwrap();
+    assert_eq!(
+        (tiny.prefix(), tiny.kv_reserved(), admission.snapshot().prefixes),
+        (None, plan.max_sequence_bytes(110), 0)
+    );
+    // The system prompt still finds the table's one slot.
+    let chat = Request::new(4_100, 100).prefix("system", 4_000);
+    let chats: Vec<_> = (0..3).map(|_| admission.try_admit(&chat).unwrap()).collect();
+    assert!(chats.iter().all(|c| c.prefix() == Some(PrefixId::from("system"))));
+    assert_eq!(admission.snapshot().prefixes, 1);
 }

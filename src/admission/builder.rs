@@ -164,8 +164,9 @@ impl<C: Clock> AdmissionBuilder<C> {
     /// ([`Request::prefix`](crate::Request::prefix)) reserves only what it adds beyond the prefix while
     /// another permit holds the same prefix, as an engine with prefix caching (vLLM, SGLang) stores it once.
     /// The prefix's reservation is returned with the last permit holding it. At most `max_prefixes`
-    /// prefixes are tracked at once (a request whose prefix finds the table full is charged in full), so
-    /// invented ids cannot grow memory. A tenant's KV share counts what its requests hold beyond shared
+    /// prefixes are tracked at once (a request whose prefix finds the table full is charged what it costs
+    /// without one), so invented ids cannot grow memory; which requests share a prefix is said at
+    /// [`Request::prefix`](crate::Request::prefix). A tenant's KV share counts what its requests hold beyond shared
     /// prefixes. Off by default; a request naming a prefix then takes the waiting room's lock (the table
     /// lives there).
     pub fn prefix_sharing(mut self, max_prefixes: usize) -> Self {

@@ -31,11 +31,19 @@ impl KvCost {
     /// request adds.
     pub(crate) fn split(&self, id: PrefixId, total_tokens: u64, prefix_tokens: u64) -> Split {
         match self {
-            KvCost::Tokens => Split { id, prefix: prefix_tokens, suffix: total_tokens - prefix_tokens },
+            KvCost::Tokens => Split {
+                id,
+                hit: prefix_tokens,
+                prefix: prefix_tokens,
+                suffix: total_tokens - prefix_tokens,
+                alone: total_tokens,
+            },
             KvCost::Bytes { layout, gpus } => Split {
                 id,
+                hit: layout.cache_hit_tokens(prefix_tokens),
                 prefix: layout.prefix_bytes(prefix_tokens).saturating_mul(*gpus),
                 suffix: layout.max_suffix_bytes(total_tokens, prefix_tokens).saturating_mul(*gpus),
+                alone: self.units(total_tokens),
             },
         }
     }

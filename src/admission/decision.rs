@@ -157,7 +157,9 @@ impl<C: Clock> Shared<C> {
         // An engine computes at least the prompt's last token itself (vLLM caps a cache hit at the
         // prompt less one token), so at most `prompt − 1` tokens can come from the shared prefix.
         let tokens = prefix.tokens.min(request.prompt_tokens.saturating_sub(1));
-        (tokens > 0).then(|| self.kv_cost.split(prefix.id, self.reservation.tokens(request), u64::from(tokens)))
+        let split = self.kv_cost.split(prefix.id, self.reservation.tokens(request), u64::from(tokens));
+        // A prefix worth nothing (shorter than a cache hit) shares nothing and takes no table entry.
+        (split.prefix > 0).then_some(split)
     }
 
     /// Step 1, global part: what no amount of waiting changes. Returns the request's KV units (its whole
@@ -172,11 +174,15 @@ impl<C: Clock> Shared<C> {
             return Err(Rejection::Closed);
         }
         let split = self.split(request);
-        let kv = split.map_or_else(|| self.kv_cost(request), |s| s.whole());
+        let alone = split.map_or_else(|| self.kv_cost(request), |s| s.alone);
         let budget = self.core.kv_limit();
-        if kv > budget {
-            return Err(Rejection::TooLarge { limit: Limit::KvBudget, requested: kv, capacity: budget });
+        if alone > budget {
+            return Err(Rejection::TooLarge { limit: Limit::KvBudget, requested: alone, capacity: budget });
         }
+        // Shared, a request that brings the prefix in holds the prefix and its suffix counted apart; when
+        // that cannot fit, it shares nothing.
+        let split = split.filter(|s| s.whole() <= budget);
+        let kv = split.map_or(alone, |s| s.whole());
         if let Some(burst) = self.rates.token_burst() {
             if total > burst {
                 return Err(Rejection::TooLarge { limit: Limit::TokenRate, requested: total, capacity: burst });

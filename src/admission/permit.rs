@@ -121,7 +121,8 @@ impl Permit {
         self.kv
     }
 
-    /// The shared prefix this permit holds a share of, if its request named one and prefix sharing is on.
+    /// The shared prefix this permit holds a share of: `None` when its request named none, prefix sharing
+    /// is off, or the request shares nothing (see [`Request::prefix`](crate::Request::prefix)).
     pub fn prefix(&self) -> Option<PrefixId> {
         self.prefix
     }

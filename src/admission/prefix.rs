@@ -15,9 +15,10 @@
 //!    shares nothing.
 //! 3. A waiter that refers to an entry reserves only its suffix while waiting; whether the prefix must
 //!    be charged too is decided at the moment it is granted.
-//! 4. Every request referring to an entry prices the prefix at the entry's units: a request naming the
-//!    same id with another length (or a prompt too short for the whole prefix) shares nothing and is
-//!    charged in full, so the units charged for an entry cover what each of its holders leaves out.
+//! 4. Every request referring to an entry takes the same cache hit at the same price: a request naming
+//!    the same id with another length (or a prompt too short for the whole prefix) shares nothing and is
+//!    charged as if it named no prefix, so the units charged for an entry cover what each of its holders
+//!    leaves out.
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry::{Occupied, Vacant};
@@ -78,14 +79,20 @@ pub struct Prefix {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Split {
     pub(crate) id: PrefixId,
-    /// KV units of the prefix's whole blocks, charged once for all holders.
+    /// Tokens of the prefix a request takes from the engine's cache (whole blocks of every cache group):
+    /// requests share an entry only with the same.
+    pub(crate) hit: u64,
+    /// KV units of the prefix's cached blocks, charged once for all holders.
     pub(crate) prefix: u64,
     /// KV units the request adds beyond the prefix.
     pub(crate) suffix: u64,
+    /// KV units of the request when it shares nothing (its cost without a prefix).
+    pub(crate) alone: u64,
 }
 
 impl Split {
-    /// What the request holds when it shares nothing.
+    /// What the request holds when it brings the prefix in: the prefix and its suffix, counted apart (at
+    /// least [`alone`](Self::alone); more where a sliding window is counted in both).
     pub(crate) fn whole(&self) -> u64 {
         self.prefix.saturating_add(self.suffix)
     }
@@ -93,10 +100,23 @@ impl Split {
 
 #[derive(Debug)]
 struct Entry {
+    /// The cache hit every request referring to it takes (see [`Split::hit`]).
+    hit: u64,
     /// KV units of the prefix (as priced when the entry was made).
     units: u64,
     holders: u32,
     waiters: u32,
+}
+
+impl Entry {
+    fn new(split: &Split) -> Self {
+        Self { hit: split.hit, units: split.prefix, holders: 0, waiters: 0 }
+    }
+
+    /// Whether `split` takes the same cached blocks, at the same price.
+    fn prices(&self, split: &Split) -> bool {
+        self.hit == split.hit && self.units == split.prefix
+    }
 }
 
 /// How a request refers to the table.
@@ -130,19 +150,19 @@ impl PrefixTable {
     /// differently (another length of it, or one cut to a shorter prompt).
     pub(crate) fn need(&self, split: &Split) -> (u64, Sharing) {
         match self.entries.get(&split.id) {
-            Some(entry) if entry.units != split.prefix => (split.whole(), Sharing::Alone),
+            Some(entry) if !entry.prices(split) => (split.alone, Sharing::Alone),
             Some(entry) if entry.holders > 0 => (split.suffix, Sharing::Shared(split.id)),
             Some(entry) => (split.suffix.saturating_add(entry.units), Sharing::Shared(split.id)),
             None if self.entries.len() < self.max_entries => (split.whole(), Sharing::Shared(split.id)),
-            None => (split.whole(), Sharing::Alone),
+            None => (split.alone, Sharing::Alone),
         }
     }
 
     /// Records a new holder of `split` (after its `need` was taken and said `Shared`). Returns the KV units
     /// it did not have to take because the prefix was held already.
     pub(crate) fn hold(&mut self, split: &Split) -> u64 {
-        let entry = self.entries.entry(split.id).or_insert(Entry { units: split.prefix, holders: 0, waiters: 0 });
-        debug_assert_eq!(entry.units, split.prefix, "`need` shares an entry only with the same units");
+        let entry = self.entries.entry(split.id).or_insert_with(|| Entry::new(split));
+        debug_assert!(entry.prices(split), "`need` shares an entry only with the same pricing");
         let saved = if entry.holders > 0 { entry.units } else { 0 };
         entry.holders += 1;
         saved
@@ -167,14 +187,14 @@ impl PrefixTable {
     pub(crate) fn wait(&mut self, split: &Split) -> Sharing {
         let full = self.entries.len() >= self.max_entries;
         match self.entries.entry(split.id) {
-            Occupied(entry) if entry.get().units != split.prefix => Sharing::Alone,
+            Occupied(entry) if !entry.get().prices(split) => Sharing::Alone,
             Occupied(mut entry) => {
                 entry.get_mut().waiters += 1;
                 Sharing::Shared(split.id)
             }
             Vacant(_) if full => Sharing::Alone,
             Vacant(slot) => {
-                slot.insert(Entry { units: split.prefix, holders: 0, waiters: 1 });
+                slot.insert(Entry { waiters: 1, ..Entry::new(split) });
                 Sharing::Shared(split.id)
             }
         }
@@ -214,11 +234,16 @@ impl PrefixTable {
 mod tests {
     use super::*;
 
+    /// A split in tokens: the hit and the units are the prefix's tokens.
+    fn split(id: u64, prefix: u64, suffix: u64) -> Split {
+        Split { id: PrefixId::from(id), hit: prefix, prefix, suffix, alone: prefix + suffix }
+    }
+
     #[test]
     fn a_prefix_is_charged_once_while_held_and_the_table_is_bounded() {
         let mut table = PrefixTable::new(1);
-        let a = Split { id: PrefixId::from(1), prefix: 100, suffix: 10 };
-        let b = Split { id: PrefixId::from(2), prefix: 50, suffix: 5 };
+        let a = split(1, 100, 10);
+        let b = split(2, 50, 5);
         assert_eq!(table.need(&a), (110, Sharing::Shared(a.id)));
         assert_eq!(table.hold(&a), 0);
         assert_eq!(table.need(&a), (10, Sharing::Shared(a.id)));
@@ -234,8 +259,8 @@ mod tests {
     #[test]
     fn a_request_pricing_the_prefix_differently_shares_nothing() {
         let mut table = PrefixTable::new(4);
-        let short = Split { id: PrefixId::from(1), prefix: 6, suffix: 10 };
-        let long = Split { id: PrefixId::from(1), prefix: 250, suffix: 20 };
+        let short = split(1, 6, 10);
+        let long = split(1, 250, 20);
         assert_eq!(table.need(&short), (16, Sharing::Shared(short.id)));
         assert_eq!(table.hold(&short), 0);
         assert_eq!(table.need(&long), (270, Sharing::Alone));
@@ -249,7 +274,7 @@ mod tests {
     #[test]
     fn waiters_keep_their_entry_and_pay_the_prefix_only_if_nobody_holds_it() {
         let mut table = PrefixTable::new(4);
-        let a = Split { id: PrefixId::from(1), prefix: 100, suffix: 10 };
+        let a = split(1, 100, 10);
         assert_eq!(table.wait(&a), Sharing::Shared(a.id));
         assert_eq!(table.waiter_need(a.id, 10), 110);
         table.hold(&a);

@@ -147,6 +147,15 @@ impl Request {
     /// length in tokens. With [`prefix_sharing`](crate::AdmissionBuilder::prefix_sharing) on, the prefix's
     /// KV is charged once for every request holding a permit with the same prefix; without, it is ignored.
     ///
+    /// At most `prompt_tokens − 1` tokens of it count (an engine computes the prompt's last token itself:
+    /// vLLM never takes the whole prompt from its cache), in whole blocks of every cache group when the
+    /// cost is in engine bytes ([`KvLayout::cache_hit_tokens`](crate::kv::KvLayout::cache_hit_tokens)).
+    /// Requests share an id's prefix only when they take the same cache hit at the same price; a request
+    /// naming the id with another length, or with a prompt too short for the whole prefix, shares nothing
+    /// while the other pricing is held, and is charged what it costs without a prefix. So is one whose
+    /// prefix is shorter than a block, and one whose shared pricing (prefix and suffix counted apart) does
+    /// not fit the budget.
+    ///
     /// # Examples
     ///
     /// ```

@@ -211,7 +211,7 @@ impl Dispatcher {
         }
         let held = match new.split.map(|split| (room.prefixes.wait(&split), split)) {
             Some((Sharing::Shared(id), split)) => Held { kv: split.suffix, prefix: Some(id), saved: 0 },
-            Some((Sharing::Alone, split)) => Held { kv: split.whole(), prefix: None, saved: 0 },
+            Some((Sharing::Alone, split)) => Held { kv: split.alone, prefix: None, saved: 0 },
             None => Held { kv: new.kv, prefix: None, saved: 0 },
         };
         let mut waiter = Waiter::new(class, held.kv, new.deadline, new.notify);
@@ -353,7 +353,7 @@ impl Dispatcher {
                     let saved = room.prefixes.hold(split);
                     Held { kv: split.suffix, prefix: Some(id), saved }
                 }
-                Sharing::Alone => Held { kv: split.whole(), prefix: None, saved: 0 },
+                Sharing::Alone => Held { kv: split.alone, prefix: None, saved: 0 },
             }),
             Err(refused) => {
                 if refused.dispatch {
