@@ -52,6 +52,12 @@ impl TenantLimits {
     }
 
     /// At most this fraction (0, 1] of the KV budget held by the tenant's requests at once.
+    ///
+    /// With [`prefix_sharing`](crate::AdmissionBuilder::prefix_sharing) on, the share counts what the
+    /// tenant's requests hold beyond shared prefixes; a prefix is counted once, globally, against no
+    /// tenant. So a tenant whose requests each name a prefix of their own is held to its share only for
+    /// their suffixes: where prefix ids come from untrusted clients and shares matter, leave prefix
+    /// sharing off.
     pub fn kv_share(mut self, share: f64) -> Self {
         self.kv_share = Some(share);
         self
