@@ -4,7 +4,7 @@
 
 use futures::FutureExt;
 use kvgate::kv::{GpuPlan, ModelSpec};
-use kvgate::{Admission, PrefixId, Rejection, Request};
+use kvgate::{Admission, PrefixId, Rejection, Request, TenantLimits};
 
 const SYSTEM_PROMPT: &str = "You are the company's assistant. Be concise.";
 
@@ -200,4 +200,53 @@ fn a_prefix_shorter_than_a_block_takes_no_entry() {
     let chats: Vec<_> = (0..3).map(|_| admission.try_admit(&chat).unwrap()).collect();
     assert!(chats.iter().all(|c| c.prefix() == Some(PrefixId::from("system"))));
     assert_eq!(admission.snapshot().prefixes, 1);
+}
+
+#[test]
+fn a_waiter_resized_out_is_told_what_it_needs() {
+    let admission = Admission::builder().kv_capacity_tokens(1_000).prefix_sharing(4).build().unwrap();
+    let _holder = admission.try_admit(&Request::new(600, 100).prefix("p", 500)).unwrap();
+    let _filler = admission.try_admit(&Request::new(200, 50)).unwrap();
+    let mut waiting = admission.admit(&Request::new(550, 50).prefix("p", 500));
+    assert!((&mut waiting).now_or_never().is_none());
+    // Under 600 it can never run once the prefix's holder leaves: the prefix and its suffix.
+    admission.set_kv_capacity(550).unwrap();
+    match waiting.now_or_never() {
+        Some(Err(Rejection::TooLarge { requested, capacity, .. })) => assert_eq!((requested, capacity), (600, 550)),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_tenant_share_counts_a_request_at_most_its_cost_without_a_prefix() {
+    // gemma-3-27b: the prefix and its suffix counted apart exceed the request's own cost; a share between
+    // the two admits the request, named prefix or not.
+    let plan = GpuPlan::builder(ModelSpec::preset("gemma-3-27b").unwrap()).gpu("h100-80").build().unwrap();
+    let alone = plan.max_sequence_bytes(20_100);
+    let whole = plan.prefix_bytes(19_999) + plan.max_suffix_bytes(20_100, 19_999);
+    let budget = 4 * whole;
+    let share = (alone + whole) as f64 / 2.0 / budget as f64;
+    let admission = Admission::builder()
+        .kv_layout(plan.layout().clone())
+        .kv_capacity_bytes(budget)
+        .prefix_sharing(4)
+        .tenant_defaults(TenantLimits::new().kv_share(share))
+        .build()
+        .unwrap();
+    let named = admission.try_admit(&Request::new(20_000, 100).tenant("a").prefix("system", 19_999)).unwrap();
+    assert_eq!(named.prefix(), Some(PrefixId::from("system")));
+}
+
+#[test]
+fn a_prefix_every_sharer_would_hold_again_shares_nothing() {
+    // mistral-7b: every layer slides past a 2,000-token prefix, so a request's suffix is its whole cost;
+    // sharing would save nothing and charge the prefix besides.
+    let plan = GpuPlan::builder(ModelSpec::preset("mistral-7b").unwrap()).gpu("h100-80").build().unwrap();
+    assert_eq!(plan.max_suffix_bytes(8_100, 2_000), plan.max_sequence_bytes(8_100));
+    let admission = Admission::builder().gpu_plan(&plan).prefix_sharing(4).build().unwrap();
+    let permits: Vec<_> =
+        (0..10).map(|_| admission.try_admit(&Request::new(8_000, 100).prefix("system", 2_000)).unwrap()).collect();
+    assert!(permits.iter().all(|p| p.prefix().is_none()));
+    let s = admission.snapshot();
+    assert_eq!((s.kv_used, s.prefixes, s.kv_saved_by_prefixes), (10 * plan.max_sequence_bytes(8_100), 0, 0));
 }

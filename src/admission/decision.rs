@@ -158,8 +158,9 @@ impl<C: Clock> Shared<C> {
         // prompt less one token), so at most `prompt − 1` tokens can come from the shared prefix.
         let tokens = prefix.tokens.min(request.prompt_tokens.saturating_sub(1));
         let split = self.kv_cost.split(prefix.id, self.reservation.tokens(request), u64::from(tokens));
-        // A prefix worth nothing (shorter than a cache hit) shares nothing and takes no table entry.
-        (split.prefix > 0).then_some(split)
+        // A prefix worth nothing (shorter than a cache hit), or one whose sharers would each hold as much
+        // as alone (every layer sliding past it), shares nothing and takes no table entry.
+        (split.prefix > 0 && split.suffix < split.alone).then_some(split)
     }
 
     /// Step 1, global part: what no amount of waiting changes. Returns the request's KV units (its whole
@@ -211,7 +212,9 @@ impl<C: Clock> Shared<C> {
         let tenant = match (&self.tenants, request.tenant) {
             (Some(registry), Some(id)) => {
                 let t = registry.get(id, *now.get_or_insert_with(|| self.clock.now_nanos()));
-                if let Err(rejection) = t.core().fits_share(kv, self.core.kv_limit()) {
+                // What the tenant is charged: its cost without a prefix at most (its suffix when shared).
+                let own = split.map_or(kv, |s| s.alone);
+                if let Err(rejection) = t.core().fits_share(own, self.core.kv_limit()) {
                     return W::refused(&self.core, request, rejection);
                 }
                 if let Err(rejection) = t.fits_burst(request.total_tokens()) {

@@ -152,9 +152,13 @@ impl Request {
     /// cost is in engine bytes ([`KvLayout::cache_hit_tokens`](crate::kv::KvLayout::cache_hit_tokens)).
     /// Requests share an id's prefix only when they take the same cache hit at the same price; a request
     /// naming the id with another length, or with a prompt too short for the whole prefix, shares nothing
-    /// while the other pricing is held, and is charged what it costs without a prefix. So is one whose
-    /// prefix is shorter than a block, and one whose shared pricing (prefix and suffix counted apart) does
-    /// not fit the budget.
+    /// while the other pricing is held or waited for, and is charged what it costs without a prefix. So is
+    /// one whose prefix is shorter than a block, one that would hold as much beyond the prefix as without
+    /// it (every layer sliding past the prefix), and one whose shared pricing (prefix and suffix counted
+    /// apart) does not fit the budget. A waiter that shares a prefix ends `TooLarge` when a resize leaves
+    /// the budget below its prefix and suffix, even where its cost without a prefix would fit. Its tenant's
+    /// KV share counts it at its units beyond the prefix, and refuses it `TooLarge` only when its cost
+    /// without a prefix exceeds the share.
     ///
     /// # Examples
     ///

@@ -192,7 +192,7 @@ impl Dispatcher {
             return Err(Rejection::Closed);
         }
         let flow_key = new.tenant.as_ref().map_or(FlowKey::Anonymous, |t| t.core().flow);
-        fits(res, new.kv, new.tenant.as_deref())?;
+        fits(res, new.kv, new.split.map_or(new.kv, |s| s.alone), new.tenant.as_deref())?;
         let mut displaced = false;
         if self.queued_in(class) >= self.queue_capacity {
             let hint = capacity_hint(res.stats.hold.mean(), res.capacity.slots_used(), self.queued_in(class));
@@ -277,7 +277,7 @@ impl Dispatcher {
                     Outcome::Ended(Rejection::TimedOut)
                 }
                 state => {
-                    let outcome = outcome_of(state, waiter.kv);
+                    let outcome = outcome_of(state);
                     outside.waiter = Some(room.waiters.remove(key.index()));
                     outcome
                 }
@@ -455,8 +455,11 @@ impl Dispatcher {
             let (class, flow) = (waiter.class, waiter.flow);
             let kv = waiter.kv + waiter.prefix.map_or(0, |id| room.prefixes.units(id));
             let tenant = room.classes[class].tenant(flow).cloned();
-            if let Err(Rejection::TooLarge { limit, capacity, .. }) = fits(res, kv, tenant.as_deref()) {
-                if let Some(wake) = room.leave(res, self, key.index(), WaitState::TooLarge { limit, capacity }) {
+            if let Err(Rejection::TooLarge { limit, requested, capacity }) = fits(res, kv, waiter.kv, tenant.as_deref())
+            {
+                if let Some(wake) =
+                    room.leave(res, self, key.index(), WaitState::TooLarge { limit, requested, capacity })
+                {
                     wakes.push(wake);
                 }
             }
@@ -642,22 +645,23 @@ impl Resources<'_> {
     }
 }
 
-/// Whether a waiter of `kv` units fits the KV budget and its tenant's share of it.
-fn fits(res: Resources<'_>, kv: u64, tenant: Option<&dyn TenantHandle>) -> Result<(), Rejection> {
+/// Whether a waiter needing `kv` units of the KV budget fits it, and `own` units (what its tenant is
+/// charged: its units beyond a shared prefix) fit its tenant's share of it.
+fn fits(res: Resources<'_>, kv: u64, own: u64, tenant: Option<&dyn TenantHandle>) -> Result<(), Rejection> {
     let budget = res.kv_limit.get();
     if kv > budget {
         return Err(Rejection::TooLarge { limit: Limit::KvBudget, requested: kv, capacity: budget });
     }
-    tenant.map_or(Ok(()), |t| t.core().fits_share(kv, budget))
+    tenant.map_or(Ok(()), |t| t.core().fits_share(own, budget))
 }
 
 /// The rejection an ended state stands for.
-fn outcome_of(state: WaitState, kv: u64) -> Outcome {
+fn outcome_of(state: WaitState) -> Outcome {
     match state {
         WaitState::TimedOut | WaitState::Waiting => Outcome::Ended(Rejection::TimedOut),
         WaitState::Closed => Outcome::Ended(Rejection::Closed),
-        WaitState::TooLarge { limit, capacity } => {
-            Outcome::Ended(Rejection::TooLarge { limit, requested: kv, capacity })
+        WaitState::TooLarge { limit, requested, capacity } => {
+            Outcome::Ended(Rejection::TooLarge { limit, requested, capacity })
         }
         WaitState::Displaced { retry_after } => Outcome::Ended(Rejection::QueueFull { retry_after }),
     }

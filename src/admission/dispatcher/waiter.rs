@@ -44,7 +44,7 @@ pub(crate) enum WaitState {
     /// The admission was closed.
     Closed,
     /// A resize left it needing more than the whole of `limit`.
-    TooLarge { limit: Limit, capacity: u64 },
+    TooLarge { limit: Limit, requested: u64, capacity: u64 },
     /// Its class's waiting room was full and it was the newest waiter of the longest flow: a request of a
     /// shorter flow took its place.
     Displaced { retry_after: std::time::Duration },

@@ -822,10 +822,11 @@ impl Model {
         let too_large: Vec<usize> = (0..self.waiters.len())
             .filter(|&i| {
                 let w = &self.waiters[i];
-                // The most it may need: its own units and the prefix's if nobody holds it then.
+                // The most it may need: its own units and the prefix's if nobody holds it then; its tenant
+                // is charged its own units.
                 let worst = w.kv + w.prefix.map_or(0, |p| self.prefix_units(p));
                 w.state == WState::Waiting
-                    && (worst > n || (w.req.tenant.is_some() && share.is_some_and(|limit| worst > limit)))
+                    && (worst > n || (w.req.tenant.is_some() && share.is_some_and(|limit| w.kv > limit)))
             })
             .collect();
         for id in too_large {
