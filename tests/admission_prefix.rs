@@ -250,3 +250,29 @@ fn a_prefix_every_sharer_would_hold_again_shares_nothing() {
     let s = admission.snapshot();
     assert_eq!((s.kv_used, s.prefixes, s.kv_saved_by_prefixes), (10 * plan.max_sequence_bytes(8_100), 0, 0));
 }
+
+#[test]
+fn what_sharing_saved_is_each_later_holders_cost_without_a_prefix_less_its_suffix() {
+    // gemma-3-27b: its sliding layers keep a window of their own beyond the prefix, so a later holder saves
+    // less than the prefix's bytes.
+    let plan = GpuPlan::builder(ModelSpec::preset("gemma-3-27b").unwrap()).gpu("h100-80").build().unwrap();
+    let (alone, suffix, prefix) =
+        (plan.max_sequence_bytes(8_100), plan.max_suffix_bytes(8_100, 4_000), plan.prefix_bytes(4_000));
+    assert!(alone - suffix < prefix);
+    let admission = Admission::builder()
+        .kv_layout(plan.layout().clone())
+        .kv_capacity_bytes(prefix + 5 * suffix)
+        .prefix_sharing(4)
+        .build()
+        .unwrap();
+    let request = Request::new(8_000, 100).prefix("system", 4_000);
+    let mut held: Vec<_> = (0..5).map(|_| admission.try_admit(&request).unwrap()).collect();
+    let s = admission.snapshot();
+    assert_eq!((s.kv_used, s.kv_saved_by_prefixes), (prefix + 5 * suffix, 4 * (alone - suffix)));
+    // A waiter granted while the prefix is held saves as much.
+    let mut waiting = admission.admit(&request);
+    assert!((&mut waiting).now_or_never().is_none());
+    held.pop();
+    assert!(waiting.now_or_never().unwrap().is_ok());
+    assert_eq!(admission.snapshot().kv_saved_by_prefixes, 5 * (alone - suffix));
+}

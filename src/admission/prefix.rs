@@ -96,6 +96,13 @@ impl Split {
     pub(crate) fn whole(&self) -> u64 {
         self.prefix.saturating_add(self.suffix)
     }
+
+    /// What the request does not reserve when it finds the prefix held: its cost without a prefix less
+    /// its suffix (the prefix's units where every layer keeps every token; less with sliding windows,
+    /// whose suffix keeps a window of its own).
+    pub(crate) fn saving(&self) -> u64 {
+        self.alone.saturating_sub(self.suffix)
+    }
 }
 
 #[derive(Debug)]
@@ -159,11 +166,12 @@ impl PrefixTable {
     }
 
     /// Records a new holder of `split` (after its `need` was taken and said `Shared`). Returns the KV units
-    /// it did not have to take because the prefix was held already.
+    /// it did not have to take because the prefix was held already ([`Split::saving`]; 0 when it brought
+    /// the prefix in).
     pub(crate) fn hold(&mut self, split: &Split) -> u64 {
         let entry = self.entries.entry(split.id).or_insert_with(|| Entry::new(split));
         debug_assert!(entry.prices(split), "`need` shares an entry only with the same pricing");
-        let saved = if entry.holders > 0 { entry.units } else { 0 };
+        let saved = if entry.holders > 0 { split.saving() } else { 0 };
         entry.holders += 1;
         saved
     }
@@ -208,20 +216,20 @@ impl PrefixTable {
         }
     }
 
-    /// A waiter of `id` stopped waiting: granted (it becomes a holder) or not. Returns the KV units a
-    /// granted waiter did not have to take because the prefix was held already.
-    pub(crate) fn stop_waiting(&mut self, id: PrefixId, granted: bool) -> u64 {
-        let Some(entry) = self.entries.get_mut(&id) else { return 0 };
+    /// A waiter of `id` stopped waiting: granted (it becomes a holder) or not. Returns whether a granted
+    /// waiter found the prefix held already (it saved what sharing saves, [`Split::saving`]).
+    pub(crate) fn stop_waiting(&mut self, id: PrefixId, granted: bool) -> bool {
+        let Some(entry) = self.entries.get_mut(&id) else { return false };
         entry.waiters -= 1;
         if granted {
-            let saved = if entry.holders > 0 { entry.units } else { 0 };
+            let held = entry.holders > 0;
             entry.holders += 1;
-            return saved;
+            return held;
         }
         if entry.holders == 0 && entry.waiters == 0 {
             self.entries.remove(&id);
         }
-        0
+        false
     }
 
     /// The prefix units of `id` (0 if unknown).
@@ -279,7 +287,7 @@ mod tests {
         assert_eq!(table.waiter_need(a.id, 10), 110);
         table.hold(&a);
         assert_eq!(table.waiter_need(a.id, 10), 10);
-        assert_eq!(table.stop_waiting(a.id, true), 100);
+        assert!(table.stop_waiting(a.id, true));
         assert_eq!(table.release(a.id), 0);
         assert_eq!(table.release(a.id), 100);
         assert_eq!(table.len(), 0);

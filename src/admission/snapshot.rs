@@ -84,9 +84,10 @@ pub struct Snapshot {
     /// [`prefix_sharing`](crate::AdmissionBuilder::prefix_sharing)).
     pub prefixes: usize,
     /// KV units requests did not have to reserve because their prefix was already held, since the
-    /// admission was built: the prefix's units, once for each request that found it held (in the KV
-    /// unit: tokens or bytes). With sliding-window layers, whose suffix keeps a window of its own, what
-    /// the engine saves is less.
+    /// admission was built (in the KV unit: tokens or bytes): for each request that found its prefix held,
+    /// its cost without a prefix less its suffix. The request that brings a prefix in pays the prefix and
+    /// its suffix counted apart, which with sliding-window layers is more than its cost without a prefix;
+    /// that difference is not taken off.
     pub kv_saved_by_prefixes: u64,
     /// Requests refused, or ended while waiting, because they were predicted to miss their start deadline
     /// ([`Request::ttft_deadline`](crate::Request::ttft_deadline)).

@@ -216,6 +216,7 @@ impl Dispatcher {
         };
         let mut waiter = Waiter::new(class, held.kv, new.deadline, new.notify);
         waiter.prefix = held.prefix;
+        waiter.saving = new.split.filter(|_| held.prefix.is_some()).map_or(0, |s| s.saving());
         waiter.cost = new.cost;
         waiter.start_deadline = new.start_deadline;
         room.start_deadlines += usize::from(new.start_deadline);
@@ -772,9 +773,9 @@ impl Room {
                 if wakes.is_full() {
                     return true;
                 }
-                let (kv, prefix, cost, deadline, start_deadline) = {
-                    let waiter = self.waiters.get(index);
-                    (waiter.kv, waiter.prefix, waiter.cost, waiter.deadline, waiter.start_deadline)
+                let (kv, prefix, saving, cost, deadline, start_deadline) = {
+                    let w = self.waiters.get(index);
+                    (w.kv, w.prefix, w.saving, w.cost, w.deadline, w.start_deadline)
                 };
                 if deadline <= now {
                     // Past its deadline: it is not granted (its owner, polling, sees `TimedOut`).
@@ -811,7 +812,9 @@ impl Room {
                 d.count(class, self.classes[class].tenant(flow).map(|t| t.as_ref()), -1, kv, deadline);
                 self.start_deadlines -= usize::from(start_deadline);
                 if let Some(id) = prefix {
-                    res.stats.count_prefix_saved(self.prefixes.stop_waiting(id, true));
+                    if self.prefixes.stop_waiting(id, true) {
+                        res.stats.count_prefix_saved(saving);
+                    }
                 }
                 self.classes[class].count_grant(flow, cost);
                 self.classes[class].remove(&mut self.waiters, index);

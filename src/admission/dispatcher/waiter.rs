@@ -115,6 +115,8 @@ pub(crate) struct Waiter {
     pub(crate) kv: u64,
     /// The shared prefix whose table entry it refers to.
     pub(crate) prefix: Option<crate::admission::prefix::PrefixId>,
+    /// What it does not reserve if it finds that prefix held when granted (`Split::saving`).
+    pub(crate) saving: u64,
     /// Its weighted token cost (token fairness).
     pub(crate) cost: u64,
     /// Its deadline is a start deadline: it leaves early once it cannot start in time.
@@ -136,6 +138,7 @@ impl Waiter {
             class,
             kv,
             prefix: None,
+            saving: 0,
             cost: 0,
             start_deadline: false,
             flow: 0,
