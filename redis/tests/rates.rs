@@ -107,6 +107,21 @@ async fn a_clock_stepping_back_grants_nothing_extra() {
     assert!(admission.try_admit(&Request::new(1, 1)).await.is_ok());
 }
 
+#[tokio::test]
+async fn on_a_manual_clock_a_bucket_does_not_refill_with_redis_time() {
+    let Some(redis) = support::redis() else { return };
+    let clock = ManualClock::starting_at(1_700_000_000_000_000_000);
+    let admission = support::manual(&redis, support::limits("slow").token_rate(12_345.678, 12), &clock).await;
+    let _taken = admission.try_admit(&Request::new(1, 9)).await.unwrap();
+    // The debt (10 tokens: 811 µs) is paid off on the manual clock only: real time passing, as on a slow
+    // machine between two steps of a test, refills nothing.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(
+        admission.try_admit(&Request::new(1, 10)).await.unwrap_err(),
+        Rejection::RateLimited { retry_after: Duration::from_micros(730) }
+    );
+}
+
 #[derive(Debug, Clone)]
 enum Op {
     Take(u64),

@@ -8,10 +8,14 @@ local function int(x)
   return string.format('%d', x)
 end
 
+-- Whether this script runs on the caller's time (`clock` sets it).
+local manual_time = false
+
 -- The time of this decision in microseconds: the caller's (tests) or Redis' own clock, so that the
 -- replicas' clocks never matter.
 local function clock(arg)
-  if arg ~= '' then return tonumber(arg) end
+  manual_time = arg ~= ''
+  if manual_time then return tonumber(arg) end
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
@@ -45,14 +49,18 @@ local function debt(key, now, a)
 end
 
 -- Stores a debt; a paid-off bucket is deleted (a missing key is a full bucket), and a key expires when
--- its debt would be paid off, so an idle tenant leaves nothing behind.
+-- its debt would be paid off, so an idle tenant leaves nothing behind. The expiry runs on Redis' clock:
+-- on the caller's time, which need not keep pace with it, a key lives an hour at least, and `debt`
+-- reads a paid-off key as a full bucket.
 local function store_debt(key, now, a, d)
   if d <= 0 then
     redis.call('DEL', key)
     return
   end
   local us, frac = divmod(d, a)
-  redis.call('SET', key, int(now + us) .. ':' .. int(frac), 'PX', int(math.floor(us / 1000) + 2))
+  local ms = math.floor(us / 1000) + 2
+  if manual_time then ms = math.max(ms, 3600000) end
+  redis.call('SET', key, int(now + us) .. ':' .. int(frac), 'PX', int(ms))
 end
 
 -- Whether n tokens fit a bucket with debt d: (true, new debt) or (false, the least whole number of
