@@ -54,8 +54,59 @@ pub struct OutputTokens {
     offset: usize,
     /// JSON: the absolute offset of the last match read (matches are read once).
     last_match: Option<usize>,
+    /// JSON: a match whose colon or number runs on past the bytes seen so far.
+    open: Option<Open>,
     /// The last `usage.completion_tokens` seen.
     usage: Option<u32>,
+}
+
+/// A `"completion_tokens"` match read up to the end of the bytes seen so far: its absolute offset and
+/// where its reading stands. Carried as a state, so that white space or digits of any length after the
+/// key are read as in a whole body, however the frames cut them.
+#[derive(Debug, Clone, Copy)]
+struct Open {
+    at: usize,
+    stage: Stage,
+}
+
+/// Where the reading of a match's `: N` stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    /// White space after the key, before the colon.
+    Key,
+    /// White space after the colon, before the number.
+    Colon,
+    /// The number's digits so far (saturating).
+    Digits(u64),
+}
+
+/// What reading a match's `: N` in some bytes came to.
+enum Read {
+    /// The number, ended by a byte that is not a digit.
+    Number(u64),
+    /// Not `: N`: the match counts for nothing.
+    NotANumber,
+    /// The bytes ended first: the stage reached.
+    More(Stage),
+}
+
+impl Stage {
+    /// Reads on from this stage through `bytes`.
+    fn read(mut self, bytes: &[u8]) -> Read {
+        for &b in bytes {
+            self = match self {
+                Stage::Key | Stage::Colon if b.is_ascii_whitespace() => self,
+                Stage::Key if b == b':' => Stage::Colon,
+                Stage::Colon | Stage::Digits(_) if b.is_ascii_digit() => {
+                    let n = if let Stage::Digits(n) = self { n } else { 0 };
+                    Stage::Digits(n.saturating_mul(10).saturating_add(u64::from(b - b'0')))
+                }
+                Stage::Digits(n) => return Read::Number(n),
+                Stage::Key | Stage::Colon => return Read::NotANumber,
+            };
+        }
+        Read::More(self)
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -130,40 +181,47 @@ impl OutputTokens {
         u32::from(generated)
     }
 
-    /// JSON: reads every complete `"completion_tokens": N` in the carried tail plus `bytes`.
+    /// JSON: reads every complete `"completion_tokens": N` in the carried tail plus `bytes`. A number
+    /// still open when the body ends is not counted (it may have been cut short).
     fn json(&mut self, bytes: &[u8]) {
+        if let Some(open) = self.open.take() {
+            match open.stage.read(bytes) {
+                Read::Number(n) => self.read(open.at, n),
+                Read::NotANumber => self.last_match = Some(open.at),
+                Read::More(stage) => self.open = Some(Open { stage, ..open }),
+            }
+        }
         let mut window = std::mem::take(&mut self.pending);
         window.extend_from_slice(bytes);
         let mut from = 0;
         while let Some(at) = find_key(&window[from..]).map(|i| i + from) {
             from = at + 1;
             let absolute = self.offset + at;
-            if self.last_match.is_some_and(|last| absolute <= last) {
+            let seen = self.last_match.max(self.open.map(|open| open.at));
+            if seen.is_some_and(|last| absolute <= last) {
                 continue;
             }
-            let rest = &window[at + KEY.len()..];
-            let rest = skip_space(rest);
-            let Some(rest) = rest.strip_prefix(b":") else { continue };
-            let rest = skip_space(rest);
-            let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
-            if digits == 0 || digits == rest.len() {
-                // No number, or one that may go on in the next frame (read again then).
-                continue;
+            match Stage::Key.read(&window[at + KEY.len()..]) {
+                Read::Number(n) => self.read(absolute, n),
+                Read::NotANumber => {}
+                Read::More(stage) => {
+                    // It runs to the end of what was seen: the next frame reads on from here.
+                    self.open = Some(Open { at: absolute, stage });
+                    break;
+                }
             }
-            let n = rest[..digits].iter().fold(0u64, |n, d| n.saturating_mul(10).saturating_add(u64::from(d - b'0')));
-            self.usage = Some(u32::try_from(n).unwrap_or(u32::MAX));
-            self.last_match = Some(absolute);
         }
         let keep = window.len().min(CARRY);
         self.offset += window.len() - keep;
         window.drain(..window.len() - keep);
         self.pending = window;
     }
-}
 
-fn skip_space(bytes: &[u8]) -> &[u8] {
-    let n = bytes.iter().take_while(|b| b.is_ascii_whitespace()).count();
-    &bytes[n..]
+    /// Notes the number `n` of the match at absolute offset `at`.
+    fn read(&mut self, at: usize, n: u64) {
+        self.usage = Some(u32::try_from(n).unwrap_or(u32::MAX));
+        self.last_match = Some(at);
+    }
 }
 
 /// The first [`KEY`] in `haystack` (a searcher built once).
@@ -262,6 +320,28 @@ mod tests {
         }
         let bytewise: Vec<&[u8]> = body.chunks(1).collect();
         assert_eq!(run(&bytewise), Some(345));
+    }
+
+    #[test]
+    fn a_long_number_or_long_white_space_is_read_however_it_is_cut() {
+        let long = format!("{{\"usage\":{{\"completion_tokens\":{}}}}}", "8".repeat(150));
+        let spaced = format!("{{\"usage\":{{\"completion_tokens\"{}:{}7}}}}", " ".repeat(100), " ".repeat(100));
+        let zeros = format!("{{\"completion_tokens\":{}12,\"x\":1}}", "0".repeat(200));
+        let not_a_number = format!("{{\"completion_tokens\"{}x, \"completion_tokens\":3}}", " ".repeat(100));
+        for (body, count) in [(long, Some(u32::MAX)), (spaced, Some(7)), (zeros, Some(12)), (not_a_number, Some(3))] {
+            let body = body.as_bytes();
+            assert_eq!(run(&[body]), count);
+            for cut in 1..body.len() {
+                let (a, b) = body.split_at(cut);
+                assert_eq!(run(&[a, b]), count, "cut at {cut}");
+            }
+            let bytewise: Vec<&[u8]> = body.chunks(1).collect();
+            assert_eq!(run(&bytewise), count);
+        }
+        // A number the body ends in may have been cut short: not counted, however it is cut.
+        let cut_short = b"{\"completion_tokens\":12";
+        assert_eq!(run(&[cut_short]), None);
+        assert_eq!(run(&cut_short.chunks(1).collect::<Vec<_>>()), None);
     }
 
     #[test]
