@@ -5,6 +5,8 @@
 //! are also fed to `OutputTokens` as a response body, whole and cut in two at a point the selector
 //! picks: the count must not depend on where the frames were cut.
 //!
+//! - the byte JSON reader reads the body into the tree serde_json reads (or leaves it to serde_json), and
+//!   `is_json` answers as serde_json does;
 //! - the body is read as `serde_json::Value` reads it: what `Value` refuses is refused as invalid JSON,
 //!   a body that is not an object as such, and a parsed request came from a JSON object;
 //! - a parsed request has `prompt_tokens >= 1`, `1 <= max_tokens <= max_output_tokens`, the default when
@@ -56,6 +58,7 @@ fuzz_target!(|data: &[u8]| {
     let max_output_tokens = u32::from((selector >> 1) & 7) * 1000 + 1;
     let parser = Parser::new().default_max_tokens(default_max_tokens).max_output_tokens(max_output_tokens);
     let value = serde_json::from_slice::<serde_json::Value>(body);
+    assert!(kvgate::openai::agrees_with_serde_json(body), "the byte reader and serde_json disagree");
     let parsed = parser.parse(endpoint, Bytes::copy_from_slice(body));
     // With serde_json's `raw_value` feature (axum turns it on in this build), `Value` reads a map opening
     // with serde_json's private raw-value key as the JSON text in its value; the parser, as any JSON

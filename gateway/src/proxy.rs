@@ -299,7 +299,7 @@ impl Proxy {
             Ok(body) => body,
             Err(e) => return e.into_response_body(),
         };
-        if serde_json::from_slice::<serde::de::IgnoredAny>(&body).is_ok() {
+        if kvgate::openai::is_json(&body) {
             return answer(status, passed, Body::from(body));
         }
         let detail = format!("HTTP {} with a body that is not JSON ({} bytes)", status.as_u16(), body.len());

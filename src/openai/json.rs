@@ -37,12 +37,14 @@ pub(crate) enum Json<'a> {
 
 /// A JSON object: its fields in the order they came, duplicates included.
 #[derive(Debug, Clone, PartialEq, Default)]
-pub(crate) struct Object<'a>(Vec<(Cow<'a, str>, Json<'a>)>);
+pub(crate) struct Object<'a>(pub(super) Vec<(Cow<'a, str>, Json<'a>)>);
 
 impl<'a> Json<'a> {
-    /// Reads `text` (the whole of it: trailing characters other than white space are an error).
+    /// Reads `text` (the whole of it: trailing characters other than white space are an error): with
+    /// the [byte reader](super::json_reader) where it is sure to read as serde_json does, else with
+    /// serde_json.
     pub(crate) fn from_slice(text: &'a [u8]) -> serde_json::Result<Self> {
-        serde_json::from_slice(text)
+        super::json_reader::read(text).map_or_else(|| serde_json::from_slice(text), Ok)
     }
 
     pub(crate) fn as_str(&self) -> Option<&str> {

@@ -61,11 +61,16 @@
 mod error;
 mod estimate;
 mod json;
+mod json_reader;
 mod output;
 mod request;
 
 pub use error::ParseError;
 pub use estimate::{Heuristic, PromptEstimator};
+#[cfg(fuzzing)]
+#[doc(hidden)]
+pub use json_reader::agrees_with_serde_json;
+pub use json_reader::is_json;
 pub use output::OutputTokens;
 pub use request::{
     CompletionRequest, DEFAULT_MAX_OUTPUT_TOKENS, DEFAULT_MAX_TOKENS, Endpoint, GENERATION_LIMITS, Parser,
