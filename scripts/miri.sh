@@ -21,7 +21,7 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target/miri}"
 #   MIRIFLAGS="... -Zmiri-seed=N" to explore other schedules.
 export MIRIFLAGS="${MIRIFLAGS:--Zmiri-disable-isolation}"
 # quanta reads the TSC with inline assembly, which miri cannot run: use the std clock.
-features=(-p kvgate --no-default-features --features hf-config)
+features=(-p kvgate --no-default-features --features hf-config,openai)
 if [ "$#" -gt 0 ]; then
   args=("$@")
 else
