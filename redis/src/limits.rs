@@ -21,8 +21,9 @@ pub enum TimeSource {
     Redis,
     /// A [`ManualClock`]'s reading (whole microseconds), sent with each call: every replica of a test
     /// must share the same clock. Lease and recovery deadlines follow it; the idle expiry of keys still
-    /// runs on Redis' clock, so a rate bucket's key then lives an hour at least (a test's manual time may
-    /// run far slower than Redis' clock, and a key expiring early would refill its bucket).
+    /// runs on Redis' clock, so every key the scripts write then lives an hour at least (a test's manual
+    /// time may run far slower than Redis' clock, and a key expiring early would refill a bucket, drop a
+    /// lease or end a recovery window before the manual clock said so).
     Manual(ManualClock),
 }
 

@@ -195,3 +195,27 @@ async fn replica_clocks_do_not_matter() {
     assert!(hint > Duration::ZERO && hint <= Duration::from_millis(100), "{hint:?}");
     assert_eq!(replicas[0].local().clock().now_nanos(), 0, "the local clocks were never needed");
 }
+
+#[tokio::test]
+async fn on_a_manual_clock_the_recovery_window_ends_with_the_manual_clock_only() {
+    let Some(redis) = support::redis() else { return };
+    let clock = ManualClock::starting_at(1_000_000_000_000);
+    let limits = support::limits("window")
+        .max_in_flight(4)
+        .kv_capacity(1_000_000)
+        .lease_time(Duration::from_secs(60))
+        .recovery_window(Duration::from_millis(200));
+    let replica = support::manual(&redis, limits, &clock).await;
+    drop(replica.try_admit(&Request::new(10, 10)).await.unwrap()); // the replica knows the generation
+    replica.flush().await;
+    let _: () = support::cmd(&redis, &["FLUSHALL"]).await; // Redis loses its state
+    replica.renew_now().await;
+    assert_eq!(replica.stats().state_losses, 1);
+    assert!(matches!(replica.try_admit(&Request::new(10, 10)).await, Err(Rejection::NoCapacity { .. })));
+    // Real time passing (a slow step of a test) ends nothing: the manual clock has not moved.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let got = replica.try_admit(&Request::new(10, 10)).await;
+    assert!(matches!(got, Err(Rejection::NoCapacity { .. })), "still inside the window: {got:?}");
+    clock.advance(Duration::from_millis(200));
+    assert!(replica.try_admit(&Request::new(10, 10)).await.is_ok(), "the window ends on the manual clock");
+}

@@ -11,6 +11,15 @@ end
 -- Whether this script runs on the caller's time (`clock` sets it).
 local manual_time = false
 
+-- A key's idle expiry of `ms` milliseconds, which runs on Redis' clock. On the caller's time, which need
+-- not keep pace with Redis' clock, at least an hour: the scripts compare the deadlines stored in the keys
+-- with the caller's time, so a key that outlives its deadline is read as expired, and one that vanished
+-- early would end a bucket's debt, a lease or a recovery window before the caller's clock said so.
+local function idle_ms(ms)
+  if manual_time then return math.max(ms, 3600000) end
+  return ms
+end
+
 -- The time of this decision in microseconds: the caller's (tests) or Redis' own clock, so that the
 -- replicas' clocks never matter.
 local function clock(arg)
@@ -49,18 +58,15 @@ local function debt(key, now, a)
 end
 
 -- Stores a debt; a paid-off bucket is deleted (a missing key is a full bucket), and a key expires when
--- its debt would be paid off, so an idle tenant leaves nothing behind. The expiry runs on Redis' clock:
--- on the caller's time, which need not keep pace with it, a key lives an hour at least, and `debt`
--- reads a paid-off key as a full bucket.
+-- its debt would be paid off, so an idle tenant leaves nothing behind (`debt` reads a paid-off key that
+-- has not expired yet as a full bucket).
 local function store_debt(key, now, a, d)
   if d <= 0 then
     redis.call('DEL', key)
     return
   end
   local us, frac = divmod(d, a)
-  local ms = math.floor(us / 1000) + 2
-  if manual_time then ms = math.max(ms, 3600000) end
-  redis.call('SET', key, int(now + us) .. ':' .. int(frac), 'PX', int(ms))
+  redis.call('SET', key, int(now + us) .. ':' .. int(frac), 'PX', int(idle_ms(math.floor(us / 1000) + 2)))
 end
 
 -- Whether n tokens fit a bucket with debt d: (true, new debt) or (false, the least whole number of
@@ -113,7 +119,7 @@ end
 -- Lease keys live as long as a lease could: once nobody writes them for that long, every lease in them
 -- has expired and they vanish together.
 local function touch(leases, units, used, lease_us)
-  local ms = int(math.floor(lease_us / 1000) * 2 + 1000)
+  local ms = int(idle_ms(math.floor(lease_us / 1000) * 2 + 1000))
   redis.call('PEXPIRE', leases, ms)
   redis.call('PEXPIRE', units, ms)
   redis.call('PEXPIRE', used, ms)
@@ -143,7 +149,7 @@ local function generation(gen, recovery, now, recovery_us, known, candidate)
     redis.call('SET', gen, int(g) .. ':' .. int(born), 'PX', 86400000)
   end
   if known ~= 0 and known ~= g and recovery_us > 0 and now < born + recovery_us then
-    redis.call('SET', recovery, int(born + recovery_us), 'PX', int(math.floor(recovery_us / 1000) + 1000))
+    redis.call('SET', recovery, int(born + recovery_us), 'PX', int(idle_ms(math.floor(recovery_us / 1000) + 1000)))
   end
   return g
 end
