@@ -276,51 +276,20 @@ impl<'a> Reader<'a> {
         Some(value)
     }
 
-    /// The number at the reader: plain integers read here, any other number by serde_json.
+    /// The number at the reader: integers of at most 18 digits read here, any other number by serde_json.
     fn number(&mut self) -> Option<Number> {
         let start = self.at;
-        let negative = self.peek() == Some(b'-');
-        if negative {
-            self.at += 1;
-        }
-        let digits_start = self.at;
-        match self.peek()? {
-            b'0' => self.at += 1,
-            b'1'..=b'9' => self.skip_digits(),
-            _ => return None,
-        }
-        if self.text[digits_start] == b'0' && matches!(self.peek(), Some(b'0'..=b'9')) {
+        if !self.skip_number() {
             return None;
         }
-        let digits = &self.text[digits_start..self.at];
-        let plain = !matches!(self.peek(), Some(b'.' | b'e' | b'E' | b'0'..=b'9'));
+        let text = &self.text[start..self.at];
+        let (negative, digits) = text.strip_prefix(b"-").map_or((false, text), |digits| (true, digits));
         // At most 18 digits fit either sign; `-0` is a float for serde_json.
-        if plain && digits.len() <= 18 && !(negative && digits == b"0") {
-            let magnitude = digits.iter().fold(0u64, |n, &d| n * 10 + u64::from(d - b'0'));
-            return Some(if negative {
-                Number::from(-i64::try_from(magnitude).ok()?)
-            } else {
-                Number::from(magnitude)
-            });
+        if digits.len() <= 18 && digits.iter().all(u8::is_ascii_digit) && !(negative && digits == b"0") {
+            let magnitude = digits.iter().fold(0i64, |n, &d| n * 10 + i64::from(d - b'0'));
+            return Some(if negative { Number::from(-magnitude) } else { Number::from(magnitude.unsigned_abs()) });
         }
-        if self.peek() == Some(b'.') {
-            self.at += 1;
-            if !matches!(self.peek(), Some(b'0'..=b'9')) {
-                return None;
-            }
-            self.skip_digits();
-        }
-        if let Some(b'e' | b'E') = self.peek() {
-            self.at += 1;
-            if let Some(b'+' | b'-') = self.peek() {
-                self.at += 1;
-            }
-            if !matches!(self.peek(), Some(b'0'..=b'9')) {
-                return None;
-            }
-            self.skip_digits();
-        }
-        serde_json::from_slice(&self.text[start..self.at]).ok()
+        serde_json::from_slice(text).ok()
     }
 
     fn skip_digits(&mut self) {
