@@ -51,9 +51,9 @@ pub fn is_json(text: &[u8]) -> bool {
     }
 }
 
-/// For the fuzz targets (built with `--cfg fuzzing`): whether [`read`] returns only trees serde_json
+/// For the fuzz targets (feature `fuzz-hooks`): whether [`read`] returns only trees serde_json
 /// reads the same, borrowed in the same places, and [`is_json`] answers as serde_json does.
-#[cfg(fuzzing)]
+#[cfg(feature = "fuzz-hooks")]
 pub fn agrees_with_serde_json(text: &[u8]) -> bool {
     let tree = read(text).is_none_or(|ours| {
         serde_json::from_slice::<Json>(text).is_ok_and(|theirs| ours == theirs && same_borrowing(&ours, &theirs))
@@ -62,7 +62,7 @@ pub fn agrees_with_serde_json(text: &[u8]) -> bool {
 }
 
 /// Whether every string in both trees is borrowed in the same places.
-#[cfg(any(test, fuzzing))]
+#[cfg(any(test, feature = "fuzz-hooks"))]
 fn same_borrowing(a: &Json, b: &Json) -> bool {
     let cow = |x: &Cow<str>, y: &Cow<str>| matches!(x, Cow::Borrowed(_)) == matches!(y, Cow::Borrowed(_));
     match (a, b) {

@@ -67,7 +67,7 @@ mod request;
 
 pub use error::ParseError;
 pub use estimate::{Heuristic, PromptEstimator};
-#[cfg(fuzzing)]
+#[cfg(feature = "fuzz-hooks")]
 #[doc(hidden)]
 pub use json_reader::agrees_with_serde_json;
 pub use json_reader::is_json;
