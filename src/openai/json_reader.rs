@@ -38,7 +38,17 @@ pub(crate) fn read(text: &[u8]) -> Option<Json<'_>> {
 }
 
 /// Whether `text` is one JSON value with white space around it, exactly as
-/// `serde_json::from_slice::<serde::de::IgnoredAny>` answers (see the [module docs](self)).
+/// `serde_json::from_slice::<serde::de::IgnoredAny>` answers: JSON syntax (RFC 8259); the contents of
+/// strings are not checked to be UTF-8, a `\u` escape only to be four hex digits, and numbers may have any
+/// size.
+///
+/// ```
+/// use kvgate::openai::is_json;
+///
+/// assert!(is_json(br#" {"choices": [], "usage": {"completion_tokens": 1e400}} "#));
+/// assert!(!is_json(br#"{"choices": [],}"#));
+/// assert!(!is_json(b"<html>busy</html>"));
+/// ```
 pub fn is_json(text: &[u8]) -> bool {
     let mut reader = Reader { text, at: 0 };
     match reader.skip_value(0) {
@@ -51,7 +61,7 @@ pub fn is_json(text: &[u8]) -> bool {
     }
 }
 
-/// For the fuzz targets (feature `fuzz-hooks`): whether [`read`] returns only trees serde_json
+/// For the fuzz targets (feature `fuzz-hooks`): whether the byte reader returns only trees serde_json
 /// reads the same, borrowed in the same places, and [`is_json`] answers as serde_json does.
 #[cfg(feature = "fuzz-hooks")]
 pub fn agrees_with_serde_json(text: &[u8]) -> bool {
