@@ -56,23 +56,47 @@ struct Args {
     only_rate: Option<usize>,
 }
 
-fn args() -> Args {
+const USAGE: &str = "usage: overhead [--seconds S] [--rate R] [--clients N] [--rounds N] [--only TARGET] \
+[--only-rate TARGET]   (targets: 0 direct, 1 bare proxy, 2 kvgate, 3 kvgate with an API key)";
+
+/// The flags, or a message saying which one is wrong.
+fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
     let mut args = Args { seconds: 5.0, rate: 1000.0, clients: 32, rounds: 2, only: None, only_rate: None };
-    let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
-        let value = it.next().unwrap_or_else(|| panic!("{flag} needs a value"));
-        let number: f64 = value.parse().unwrap_or_else(|_| panic!("{flag} {value}: not a number"));
+        if flag == "--help" || flag == "-h" {
+            return Err(USAGE.to_string());
+        }
+        let value = it.next().ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))?;
+        let number: f64 = value
+            .parse()
+            .ok()
+            .filter(|n: &f64| n.is_finite() && *n >= 0.0)
+            .ok_or_else(|| format!("{flag} {value}: not a number of zero or more\n{USAGE}"))?;
+        let count = number as usize;
         match flag.as_str() {
-            "--seconds" => args.seconds = number,
-            "--rate" => args.rate = number,
-            "--clients" => args.clients = number as usize,
-            "--rounds" => args.rounds = number as usize,
-            "--only" => args.only = Some(number as usize),
-            "--only-rate" => args.only_rate = Some(number as usize),
-            _ => panic!("unknown flag {flag} (--seconds, --rate, --clients, --rounds, --only, --only-rate)"),
+            "--seconds" if number > 0.0 => args.seconds = number,
+            "--rate" if number > 0.0 => args.rate = number,
+            "--clients" if count > 0 => args.clients = count,
+            "--rounds" if count > 0 => args.rounds = count,
+            "--only" | "--only-rate" if count > 3 => {
+                return Err(format!("{flag} {value}: targets are 0 to 3\n{USAGE}"));
+            }
+            "--only" => args.only = Some(count),
+            "--only-rate" => args.only_rate = Some(count),
+            "--seconds" | "--rate" | "--clients" | "--rounds" => {
+                return Err(format!("{flag} {value}: must be more than zero\n{USAGE}"));
+            }
+            _ => return Err(format!("unknown flag {flag}\n{USAGE}")),
         }
     }
-    args
+    Ok(args)
+}
+
+fn args() -> Args {
+    parse_args(std::env::args().skip(1)).unwrap_or_else(|message| {
+        eprintln!("{message}");
+        std::process::exit(2)
+    })
 }
 
 async fn listen() -> (tokio::net::TcpListener, SocketAddr) {
