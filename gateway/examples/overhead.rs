@@ -74,17 +74,18 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
             .ok_or_else(|| format!("{flag} {value}: not a number of zero or more\n{USAGE}"))?;
         let count = number as usize;
         match flag.as_str() {
-            "--seconds" if number > 0.0 => args.seconds = number,
-            "--rate" if number > 0.0 => args.rate = number,
-            "--clients" if count > 0 => args.clients = count,
-            "--rounds" if count > 0 => args.rounds = count,
+            "--seconds" if number > 0.0 && number <= 3600.0 => args.seconds = number,
+            "--rate" if number > 0.0 && number <= 1e6 => args.rate = number,
+            "--clients" if (1..=10_000).contains(&count) => args.clients = count,
+            "--rounds" if (1..=1_000).contains(&count) => args.rounds = count,
             "--only" | "--only-rate" if count > 3 => {
                 return Err(format!("{flag} {value}: targets are 0 to 3\n{USAGE}"));
             }
             "--only" => args.only = Some(count),
             "--only-rate" => args.only_rate = Some(count),
             "--seconds" | "--rate" | "--clients" | "--rounds" => {
-                return Err(format!("{flag} {value}: must be more than zero\n{USAGE}"));
+                let bound = "seconds up to 3600, rate up to 1e6, clients up to 10000, rounds up to 1000";
+                return Err(format!("{flag} {value}: must be more than zero and at most its bound ({bound})\n{USAGE}"));
             }
             _ => return Err(format!("unknown flag {flag}\n{USAGE}")),
         }
