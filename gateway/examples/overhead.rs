@@ -7,13 +7,18 @@
 //! cargo run --release -p kvgate-gateway --example overhead -- --only-rate 2 --rate 200 # one target, fixed rate
 //! ```
 //!
-//! Targets by index: 0 direct, 1 bare proxy, 2 kvgate, 3 kvgate with an API key.
+//! Targets by index: 0 direct, 1 bare proxy, 2 kvgate, 3 kvgate with an API key, 4 the bare proxy with kvgate's
+//! admission in its handler.
 //!
 //! Everything runs in this process on loopback: an upstream that answers every chat completion at once
 //! with a fixed JSON body; a bare reverse proxy (axum + hyper's client: read the body, forward it, pass the
 //! answer on — what any proxy does, and nothing more); the kvgate gateway in front of the same upstream,
 //! without keys and with an API key (a tenant: hashing and lookup, tenant limits, fair queueing, the
-//! request log off). A hyper client with a connection pool is the load generator:
+//! request log off); and the bare proxy with kvgate's admission alone in its handler, as a service that
+//! embeds the library writes it (`examples/axum_handler.rs`): the body read by `kvgate::openai`,
+//! `admit().await`, the reservation forwarded, the answer's body holding the permit and counting output
+//! tokens — no keys, tenants, budgets, ids, request log or metrics. A hyper client with a connection pool
+//! is the load generator:
 //!
 //! - **fixed rate**: requests sent on a schedule of `--rate` per second (open loop: a slow answer delays
 //!   no other request's sending), latency measured from each request's sending;
@@ -28,6 +33,9 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use kvgate::Admission;
+use kvgate::http::{PermitBody, rejection_response};
+use kvgate::openai::{Endpoint, OutputTokens, Parser};
 use kvgate_gateway::keys::KeyHash;
 use kvgate_gateway::tenants::{KeyConfig, TenantConfig};
 use kvgate_gateway::{BackendConfig, Config, Gateway};
@@ -57,7 +65,8 @@ struct Args {
 }
 
 const USAGE: &str = "usage: overhead [--seconds S] [--rate R] [--clients N] [--rounds N] [--only TARGET] \
-[--only-rate TARGET]   (targets: 0 direct, 1 bare proxy, 2 kvgate, 3 kvgate with an API key)";
+[--only-rate TARGET]   (targets: 0 direct, 1 bare proxy, 2 kvgate, 3 kvgate with an API key, \
+4 bare proxy with kvgate's admission)";
 
 /// The flags, or a message saying which one is wrong.
 fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
@@ -78,8 +87,8 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
             "--rate" if number > 0.0 && number <= 1e6 => args.rate = number,
             "--clients" if (1..=10_000).contains(&count) => args.clients = count,
             "--rounds" if (1..=1_000).contains(&count) => args.rounds = count,
-            "--only" | "--only-rate" if count > 3 => {
-                return Err(format!("{flag} {value}: targets are 0 to 3\n{USAGE}"));
+            "--only" | "--only-rate" if count > 4 => {
+                return Err(format!("{flag} {value}: targets are 0 to 4\n{USAGE}"));
             }
             "--only" => args.only = Some(count),
             "--only-rate" => args.only_rate = Some(count),
@@ -133,6 +142,47 @@ async fn bare_proxy(upstream: SocketAddr) -> SocketAddr {
                     http::Request::post(url).header("content-type", "application/json").body(Full::new(body)).unwrap();
                 match client.request(request).await {
                     Ok(response) => response.map(axum::body::Body::new),
+                    Err(_) => http::Response::builder().status(502).body(axum::body::Body::empty()).unwrap(),
+                }
+            }
+        }),
+    );
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    addr
+}
+
+/// The bare reverse proxy with kvgate's admission in its handler (the limits of the gateway targets: 4,096
+/// in flight, a KV budget that never binds, a waiting room of 4,096).
+async fn admitted_proxy(upstream: SocketAddr) -> SocketAddr {
+    let (listener, addr) = listen().await;
+    let client: HttpClient = Client::builder(TokioExecutor::new()).build(HttpConnector::new());
+    let url: http::Uri = format!("http://{upstream}/v1/chat/completions").parse().unwrap();
+    let admission =
+        Admission::builder().max_in_flight(4096).kv_capacity_tokens(1 << 40).queue_capacity(4096).build().unwrap();
+    let parser = Parser::new();
+    let app = axum::Router::new().route(
+        "/v1/chat/completions",
+        axum::routing::post(move |body: Bytes| {
+            let (client, url, admission, parser) = (client.clone(), url.clone(), admission.clone(), parser.clone());
+            async move {
+                let chat = match parser.parse(Endpoint::Chat, body) {
+                    Ok(chat) => chat,
+                    Err(error) => return error.to_response().map(axum::body::Body::from),
+                };
+                let permit = match admission.admit(&chat.request()).await {
+                    Ok(permit) => permit,
+                    Err(rejection) => {
+                        return rejection_response(&rejection, &admission, false).map(axum::body::Body::from);
+                    }
+                };
+                let request = http::Request::post(url)
+                    .header("content-type", "application/json")
+                    .body(Full::new(chat.into_forward_body()))
+                    .unwrap();
+                match client.request(request).await {
+                    Ok(response) => response.map(|body| {
+                        axum::body::Body::new(PermitBody::new(body, permit).count_with(OutputTokens::new()))
+                    }),
                     Err(_) => http::Response::builder().status(502).body(axum::body::Body::empty()).unwrap(),
                 }
             }
@@ -298,6 +348,11 @@ async fn main() {
             name: "kvgate gateway, API key (tenant)",
             url: format!("http://{}/v1/chat/completions", gateway(upstream, true).await),
             key: Some("sk-bench"),
+        },
+        Target {
+            name: "bare proxy with kvgate's admission",
+            url: format!("http://{}/v1/chat/completions", admitted_proxy(upstream).await),
+            key: None,
         },
     ];
     let client: HttpClient =
