@@ -207,7 +207,7 @@ fn run(args: &Args) -> Result<(), String> {
     for r in &heavy {
         println!(
             "| {} | {} | {:.2} | {:.2} s | {:.2} | {} | {:.3} |",
-            r.scenario, r.gate, r.humans.goodput, r.ttft.p99, r.scripted.goodput, r.scripted.tokens, r.fairness
+            r.scenario, r.gate, r.humans.goodput, r.humans.ttft.p99, r.scripted.goodput, r.scripted.tokens, r.fairness
         );
     }
     println!();

@@ -272,6 +272,17 @@ proptest! {
         prop_assert!(conserved(&report), "{report:?}");
         prop_assert!(report.peak_kv_percent <= 100.0);
         prop_assert_eq!(report.humans.arrived + report.scripted.arrived, report.arrived);
+        // Each class's TTFT is over its own completed requests: together they are the whole set.
+        let (humans, scripted) = (report.humans, report.scripted);
+        prop_assert_eq!(humans.completed + scripted.completed, report.completed);
+        for class in [humans, scripted] {
+            if class.completed == 0 {
+                prop_assert_eq!(class.ttft, kvgate::sim::Percentiles::default());
+            }
+        }
+        prop_assert_eq!(humans.ttft.max.max(scripted.ttft.max), report.ttft.max);
+        let weighted = humans.ttft.mean * humans.completed as f64 + scripted.ttft.mean * scripted.completed as f64;
+        prop_assert!((weighted - report.ttft.mean * report.completed as f64).abs() <= 1e-6 * (1.0 + weighted));
         prop_assert!(report.good <= report.completed);
         prop_assert!(report.fairness > 0.0 && report.fairness <= 1.0 + 1e-12);
         if matches!(scenario.gate, GateSpec::Admission(_)) && report.in_system == 0 {

@@ -216,6 +216,8 @@ struct Tally {
     humans: ClassReport,
     scripted: ClassReport,
     ttft: Vec<f64>,
+    /// TTFT of the employees' completed requests, then of the scripted users'.
+    class_ttft: [Vec<f64>; 2],
     e2e: Vec<f64>,
     tenants: BTreeMap<u64, TenantReport>,
     deadlines: DeadlineReport,
@@ -762,6 +764,7 @@ impl Lab<'_> {
         tally.good += u64::from(good);
         tally.interval_good += u64::from(good);
         tally.ttft.push(secs(ttft));
+        tally.class_ttft[usize::from(!human)].push(secs(ttft));
         tally.e2e.push(secs(e2e));
         let served = tally.tenants.entry(tenant).or_insert(TenantReport { tenant, ..TenantReport::default() });
         served.completed += 1;
@@ -874,8 +877,10 @@ impl Lab<'_> {
         tally.ttft.sort_by(f64::total_cmp);
         tally.e2e.sort_by(f64::total_cmp);
         let duration = secs(self.arrivals_end);
-        for class in [&mut tally.humans, &mut tally.scripted] {
+        for (class, ttft) in [&mut tally.humans, &mut tally.scripted].into_iter().zip(&mut tally.class_ttft) {
             class.goodput = class.good as f64 / duration;
+            ttft.sort_by(f64::total_cmp);
+            class.ttft = Percentiles::of_sorted(ttft);
         }
         let finished = tally.completed + tally.failed.total();
         tally.deadlines.lost_in_time = tally.never_admitted.intersection(&tally.shed_in_time_requests).count() as u64;

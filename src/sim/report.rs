@@ -80,6 +80,8 @@ pub struct ClassReport {
     pub goodput: f64,
     /// Tokens generated for completed requests.
     pub tokens: u64,
+    /// Time to first token of the completed requests, from their first try.
+    pub ttft: Percentiles,
 }
 
 /// What one tenant was served: its completed requests and their tokens.
