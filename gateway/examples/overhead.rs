@@ -2,7 +2,7 @@
 //! zero-delay upstream and through a bare axum reverse proxy, in the same run.
 //!
 //! ```text
-//! cargo run --release -p kvgate-gateway --example overhead -- [--seconds 5] [--rate 1000] [--clients 32]
+//! cargo run --release -p kvgate-gateway --example overhead -- [--seconds 1] [--rounds 12] [--rate 1000] [--clients 32]
 //! cargo run --release -p kvgate-gateway --example overhead -- --only 2 --clients 1    # one target, closed loop
 //! cargo run --release -p kvgate-gateway --example overhead -- --only-rate 2 --rate 200 # one target, fixed rate
 //! ```
@@ -24,8 +24,9 @@
 //!   no other request's sending), latency measured from each request's sending;
 //! - **saturation**: `--clients` closed-loop clients sending back to back; throughput and latency.
 //!
-//! The targets are measured in turns (direct, proxy, kvgate, kvgate with a key; `--rounds` times), so
-//! that drift on a shared machine falls on all of them alike. It prints one table per mode: p50, p99 and
+//! The targets are measured in turns (each target at the fixed rate, then at saturation; `--rounds`
+//! times), so that drift on a shared machine falls on all of them alike: short turns (1 s by default)
+//! and many rounds spread it best. It prints one table per mode: p50, p99 and
 //! requests per second for each target, and what kvgate adds over the bare proxy at p50 and p99.
 
 use bytes::Bytes;
@@ -70,7 +71,7 @@ const USAGE: &str = "usage: overhead [--seconds S] [--rate R] [--clients N] [--r
 
 /// The flags, or a message saying which one is wrong.
 fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
-    let mut args = Args { seconds: 5.0, rate: 1000.0, clients: 32, rounds: 2, only: None, only_rate: None };
+    let mut args = Args { seconds: 1.0, rate: 1000.0, clients: 32, rounds: 12, only: None, only_rate: None };
     while let Some(flag) = it.next() {
         if flag == "--help" || flag == "-h" {
             return Err(USAGE.to_string());
