@@ -12,4 +12,7 @@ rm -rf target/criterion
 for bench in queue bucket admission waiting adaptive policies; do
   cargo bench -p kvgate --bench "$bench" -- --warm-up-time "${WARMUP:-2}" --measurement-time "${MEASURE:-5}"
 done
+# The waiting drain again, its three rows in turns in one process (the ratio criterion's rows give drifts
+# with the machine): prints medians and ratios.
+cargo bench -p kvgate --bench waiting_turns
 python3 scripts/bench_report.py target/criterion
