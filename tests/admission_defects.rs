@@ -329,6 +329,27 @@ fn capacity_hints_use_the_prior_then_every_early_hold() {
     drop(b);
 }
 
+/// After warm-up, one permit in eight feeds the hold-time estimate, with the `metrics` feature as
+/// without it: telemetry (which records every hold) must not change the hints, and with them what clients
+/// do (the overload lab gave other results with and without the feature).
+#[test]
+fn the_hold_estimate_samples_the_same_permits_with_and_without_metrics() {
+    let (clock, builder) = manual();
+    let admission = builder.max_in_flight(8).queue_capacity(0).build().unwrap();
+    // Warm-up: eight permits held 1 s each, every one sampled.
+    let first: Vec<_> = (0..8).map(|_| admission.try_admit(&Request::new(1, 0)).unwrap()).collect();
+    clock.advance(Duration::from_secs(1));
+    drop(first);
+    assert_eq!(admission.snapshot().mean_hold, Duration::from_secs(1));
+    // Eight more, one after the other, each held 9 s: exactly one of them is sampled, with weight 1/8.
+    for _ in 0..8 {
+        let permit = admission.try_admit(&Request::new(1, 0)).unwrap();
+        clock.advance(Duration::from_secs(9));
+        drop(permit);
+    }
+    assert_eq!(admission.snapshot().mean_hold, Duration::from_secs(2));
+}
+
 /// A clock that follows a manual clock but tells waiting threads to sleep for an hour, so that only an
 /// unpark wakes them.
 #[derive(Debug, Clone)]

@@ -47,7 +47,8 @@ pub struct Permit {
     charges: Charges,
     priority: Priority,
     admitted_at: u64,
-    /// Whether dropping it feeds the hold-time estimates.
+    /// Whether dropping it feeds the hold-time estimates. The same permits do with and without the
+    /// `metrics` feature, so that telemetry never changes what the admission decides (its hints).
     sample: bool,
     /// The tenant whose in-flight slot and KV share this permit also holds.
     tenant: Option<Arc<dyn TenantHandle>>,
@@ -66,8 +67,7 @@ impl Permit {
     ) -> Self {
         let core = owner.core();
         let sequence = core.stats.count_admitted();
-        let sample = crate::telemetry::HOLD_TIMES
-            || sequence % HOLD_SAMPLE_EVERY == 0
+        let sample = sequence % HOLD_SAMPLE_EVERY == 0
             || core.stats.hold.warming_up()
             || tenant.as_ref().is_some_and(|t| t.core().hold.warming_up());
         crate::telemetry::admitted(request.priority);
@@ -157,12 +157,14 @@ impl Drop for Permit {
     #[inline]
     fn drop(&mut self) {
         let core = self.owner.core();
-        if self.sample {
+        if self.sample || crate::telemetry::HOLD_TIMES {
             let held = self.owner.now_nanos().saturating_sub(self.admitted_at);
             crate::telemetry::hold_time(held);
-            core.stats.hold.record(held);
-            if let Some(tenant) = &self.tenant {
-                tenant.core().hold.record(held);
+            if self.sample {
+                core.stats.hold.record(held);
+                if let Some(tenant) = &self.tenant {
+                    tenant.core().hold.record(held);
+                }
             }
         }
         core.release_held(Held { kv: self.kv, prefix: self.prefix, saved: 0 }, self.tenant.as_deref());
