@@ -67,7 +67,8 @@ pub fn jain_index(shares: &[f64]) -> f64 {
     if squares == 0.0 { 1.0 } else { sum * sum / (shares.len() as f64 * squares) }
 }
 
-/// How the requests of one class of users (the employees, or the scripted heavy user) fared.
+/// How the requests of one class of users fared: the people (employees, or Poisson arrivals), or the scripted
+/// users (the heavy user and `Workload::scripts`).
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct ClassReport {
     /// Requests that arrived.
@@ -240,9 +241,9 @@ pub struct Report {
     pub tenants: Vec<TenantReport>,
     /// How requests carrying a TTFT deadline fared (all zero without deadlines).
     pub deadlines: DeadlineReport,
-    /// The employees' requests.
+    /// The people's requests: employees, or Poisson arrivals.
     pub humans: ClassReport,
-    /// The scripted heavy user's requests.
+    /// The scripted users' requests: the heavy user and [`Workload::scripts`](super::Workload::scripts).
     pub scripted: ClassReport,
     /// Time series.
     pub series: TimeSeries,
