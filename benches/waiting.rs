@@ -9,7 +9,7 @@
 //! moves their ratio more than the code does. With `TURNS=<rounds>`, the bench also runs the three rows in
 //! turns in one process — one drain of each, in a rotating order, `<rounds>` times after 10 of warm-up —
 //! and prints the median drain of each and the ratios to tokio (`--test`, as CI runs every bench, does two
-//! rounds and checks that every permit came back):
+//! rounds and checks that every permit came back, as does a run without `--bench`):
 //!
 //! ```text
 //! TURNS=300 cargo bench -p kvgate --bench waiting -- turns   # `turns` matches no criterion row: only the turns
@@ -80,7 +80,7 @@ fn drain(c: &mut Criterion) {
     group.finish();
 }
 
-/// Bytes that make `padded_task`'s future as large as `kvgate_task`'s (checked in `main`).
+/// Bytes that make `padded_task`'s future as large as `kvgate_task`'s (checked by `check_padding`).
 const PADDING: usize = 224;
 
 async fn kvgate_task(admission: Admission) {
@@ -111,8 +111,10 @@ fn check_padding() {
     assert_eq!(kvgate, padded, "the kvgate task's future is {kvgate} bytes, the padded one {padded}: adjust PADDING");
 }
 
+/// Checks the padding, and the `TURNS` value before any row runs.
 fn padding(_: &mut Criterion) {
     check_padding();
+    let _ = turns_wanted();
 }
 
 /// The three rows of `drain`, measured in turns.
@@ -143,20 +145,31 @@ fn drain_once(runtime: &tokio::runtime::Runtime, row: Row, admission: &Admission
     started.elapsed().as_secs_f64() * 1e6
 }
 
-/// The rows in turns (see the module docs): with `TURNS` set, or two rounds under `--test`.
-fn turns(_: &mut Criterion) {
-    let test = std::env::args().any(|a| a == "--test");
-    let (rounds, warm_up) = match std::env::var("TURNS") {
+/// The rounds and warm-up rounds of the turns (see the module docs): `TURNS` of them when measuring, two
+/// and none when criterion runs the bench as a test (without `--bench`), none when it lists the benches or
+/// `TURNS` is unset. A `TURNS` that is not a whole number above 0 ends the bench with a message.
+fn turns_wanted() -> Option<(usize, usize)> {
+    let args: Vec<String> = std::env::args().collect();
+    if args.iter().any(|a| a == "--list") {
+        return None;
+    }
+    let test = args.iter().any(|a| a == "--test") || !args.iter().any(|a| a == "--bench");
+    match std::env::var("TURNS") {
         Ok(value) => match value.parse::<usize>() {
-            Ok(rounds) if rounds > 0 => (rounds, if test { 0 } else { 10 }),
+            Ok(rounds) if rounds > 0 => Some(if test { (2, 0) } else { (rounds, 10) }),
             _ => {
                 eprintln!("TURNS={value}: the number of rounds must be a whole number above 0");
                 std::process::exit(2);
             }
         },
-        Err(_) if test => (2, 0),
-        Err(_) => return,
-    };
+        Err(_) if test => Some((2, 0)),
+        Err(_) => None,
+    }
+}
+
+/// The rows in turns (see the module docs).
+fn turns(_: &mut Criterion) {
+    let Some((rounds, warm_up)) = turns_wanted() else { return };
     let admission =
         Admission::builder().max_in_flight(PERMITS).kv_capacity_tokens(8 * 1024).queue_capacity(TASKS).build().unwrap();
     let semaphore = Arc::new(Semaphore::new(8 * 1024));

@@ -350,6 +350,18 @@ fn the_hold_estimate_samples_the_same_permits_with_and_without_metrics() {
     assert_eq!(admission.snapshot().mean_hold, Duration::from_secs(2));
 }
 
+/// A waiter without a wait limit queues even when the clock stands at its end (`u64::MAX`), with the
+/// `metrics` feature (whose queue-time metric reads the clock at enqueue) as without it.
+#[test]
+fn a_waiter_without_a_wait_limit_queues_at_the_end_of_time() {
+    let clock = ManualClock::starting_at(u64::MAX);
+    let admission = Admission::builder().clock(clock).max_in_flight(1).queue_capacity(4).build().unwrap();
+    let _held = admission.try_admit(&Request::new(1, 0)).unwrap();
+    let mut waiting = admission.admit(&Request::new(1, 0));
+    assert!(poll(&mut waiting).is_pending());
+    assert_eq!(admission.snapshot().queued, 1);
+}
+
 /// A clock that follows a manual clock but tells waiting threads to sleep for an hour, so that only an
 /// unpark wakes them.
 #[derive(Debug, Clone)]

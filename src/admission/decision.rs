@@ -395,7 +395,9 @@ impl<C: Clock> Shared<C> {
         };
         let deadline = limit.map_or(u64::MAX, |w| now.saturating_add(w));
         let tenant: Option<Arc<dyn TenantHandle>> = tenant.map(|t| t as Arc<dyn TenantHandle>);
-        if deadline <= now {
+        // Only a wait limit can have run out already (a clock at its end reads `u64::MAX`: a waiter without
+        // a limit still waits, whether or not the clock was read for metrics).
+        if limit.is_some() && deadline <= now {
             self.refund(charges, tenant.as_deref());
             return Attempt::Refused(Rejection::TimedOut);
         }

@@ -48,7 +48,8 @@ pub struct Permit {
     priority: Priority,
     admitted_at: u64,
     /// Whether dropping it feeds the hold-time estimates. The same permits do with and without the
-    /// `metrics` feature, so that telemetry never changes what the admission decides (its hints).
+    /// `metrics` feature (which reads the clock on every drop for its histogram), so that the feature never
+    /// changes the estimates, nor the hints and decisions that follow from them.
     sample: bool,
     /// The tenant whose in-flight slot and KV share this permit also holds.
     tenant: Option<Arc<dyn TenantHandle>>,
