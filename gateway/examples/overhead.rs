@@ -25,8 +25,9 @@
 //! - **saturation**: `--clients` closed-loop clients sending back to back; throughput and latency.
 //!
 //! The targets are measured in turns (each target at the fixed rate, then at saturation; `--rounds`
-//! times, 12 turns of 1 s each by default), so that drift on a shared machine falls on all of them alike. It prints one table per mode: p50, p99 and
-//! requests per second for each target, and what kvgate adds over the bare proxy at p50 and p99.
+//! times, 12 turns of 1 s each by default), so that drift on a shared machine falls on all of them
+//! alike. It prints one table per mode: p50, p99 and requests per second for each target, and what
+//! kvgate adds over the bare proxy at p50 and p99.
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
