@@ -4,7 +4,7 @@
 #![cfg(not(loom))]
 
 use kvgate::clock::{Clock, ManualClock};
-use kvgate::{Admission, Admit, Limit, Priority, Rejection, Request, TenantLimits};
+use kvgate::{Admission, Admit, Fairness, Limit, Priority, Rejection, Request, TenantLimits};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::mpsc;
@@ -435,4 +435,195 @@ fn snapshots_serialize() {
     let json = serde_json::to_value(admission.snapshot()).unwrap();
     assert_eq!(json["in_flight"], 1);
     assert_eq!(json["rejected"]["queue_full"], 0);
+}
+
+// Admission core v3: seven defects found where features meet, each with the guarantee it breaks.
+
+/// v3 defect 1: a request shed for its TTFT deadline is told a moment no earlier than its rates allow —
+/// the rule every other refusal follows.
+#[test]
+fn a_deadline_shed_hint_is_no_earlier_than_the_rates() {
+    let (_clock, builder) = manual();
+    let admission = builder
+        .max_in_flight(1)
+        .queue_capacity(8)
+        .request_rate(0.1, 1)
+        .expected_hold_time(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let _held = admission.try_admit(&Request::new(1, 1)).unwrap(); // the slot and the one request token
+    let mut late = admission.admit(&Request::new(1, 1).ttft_deadline(Duration::from_millis(100)));
+    let Poll::Ready(Err(Rejection::NoCapacity { retry_after })) = poll(&mut late) else {
+        panic!("predicted to wait a second for a 100-ms deadline: shed")
+    };
+    // The slot is predicted free in 0.9 s past the deadline, but the request rate passes it in 10 s.
+    assert_eq!(retry_after, Duration::from_secs(10), "the shed hint ignored the request rate");
+    assert_eq!(admission.snapshot().shed, 1);
+}
+
+/// v3 defect 1 (tenant rates): the tenant's own rate counts too.
+#[test]
+fn a_deadline_shed_hint_covers_the_tenants_rate() {
+    let (_clock, builder) = manual();
+    let admission = builder
+        .max_in_flight(1)
+        .queue_capacity(8)
+        .tenant_defaults(TenantLimits::new().token_rate(1.0, 10))
+        .expected_hold_time(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let _held = admission.try_admit(&Request::new(5, 5).tenant("alice")).unwrap();
+    let mut late = admission.admit(&Request::new(5, 5).tenant("alice").ttft_deadline(Duration::from_millis(100)));
+    let Poll::Ready(Err(rejection)) = poll(&mut late) else { panic!("shed") };
+    // alice's 10-token bucket is empty: 10 tokens at 1/s.
+    assert_eq!(rejection.retry_after(), Some(Duration::from_secs(10)), "{rejection:?}");
+}
+
+/// v3 defect 2: under token fairness, a tenant that starts waiting after others were served directly
+/// (through `try_admit`) joins at the class's service level; it is not owed what the others were served.
+#[test]
+fn a_newcomer_joins_at_the_level_others_were_served_directly() {
+    let (_clock, builder) = manual();
+    let admission = builder
+        .max_in_flight(1)
+        .queue_capacity(256)
+        .fairness(Fairness::tokens())
+        .tenant_defaults(TenantLimits::new())
+        .build()
+        .unwrap();
+    let request = |t: &'static str| Request::new(500, 250).tenant(t); // cost 1,000
+    // alice and bob are served directly, one at a time, 40 times each.
+    for _ in 0..40 {
+        for t in ["alice", "bob"] {
+            admission.try_admit(&request(t)).unwrap().complete(250);
+        }
+    }
+    // The slot is held; carol starts waiting first (nobody else waits), then all three are backlogged.
+    let held = admission.try_admit(&Request::new(1, 0)).unwrap();
+    let mut waiting: Vec<(&str, Admit)> = Vec::new();
+    for _ in 0..40 {
+        for t in ["carol", "alice", "bob"] {
+            let mut fut = admission.admit(&request(t));
+            assert!(poll(&mut fut).is_pending());
+            waiting.push((t, fut));
+        }
+    }
+    drop(held);
+    // Serve 30 grants one at a time, while all three stay backlogged (40 each queued).
+    let mut served = std::collections::HashMap::<&str, u32>::new();
+    for _ in 0..30 {
+        let i = waiting
+            .iter_mut()
+            .position(|(_, fut)| matches!(poll(fut), Poll::Ready(Ok(_))))
+            .expect("one waiter is granted per release");
+        let (t, _) = waiting.remove(i);
+        *served.entry(t).or_default() += 1;
+    }
+    // Equal weights and costs: each gets a third, within one request of the others.
+    for t in ["alice", "bob", "carol"] {
+        let n = served.get(t).copied().unwrap_or(0);
+        assert!((9..=11).contains(&n), "{t} got {n} of 30 grants: {served:?}");
+    }
+}
+
+/// v3 defect 3: a weight far above a request's cost still charges its tenant (a charge never rounds to
+/// zero), so the heavy tenant gets its weighted share and no more; weights above the maximum are refused.
+#[test]
+fn heavy_weights_still_pay_and_the_range_is_checked() {
+    let (_clock, builder) = manual();
+    let admission = builder
+        .max_in_flight(1)
+        .queue_capacity(256)
+        .fairness(Fairness::tokens())
+        .tenant_limits("heavy", TenantLimits::new().weight(TenantLimits::MAX_WEIGHT))
+        .tenant_limits("light", TenantLimits::new().weight(TenantLimits::MAX_WEIGHT / 2))
+        .build()
+        .unwrap();
+    let held = admission.try_admit(&Request::new(1, 0)).unwrap();
+    let mut waiting: Vec<(&str, Admit)> = Vec::new();
+    for _ in 0..40 {
+        for t in ["heavy", "light"] {
+            let mut fut = admission.admit(&Request::new(5, 0).tenant(t)); // cost 5, far below the weights
+            assert!(poll(&mut fut).is_pending());
+            waiting.push((t, fut));
+        }
+    }
+    drop(held);
+    let mut served = std::collections::HashMap::<&str, u32>::new();
+    for _ in 0..30 {
+        let i = waiting.iter_mut().position(|(_, fut)| matches!(poll(fut), Poll::Ready(Ok(_)))).unwrap();
+        *served.entry(waiting.remove(i).0).or_default() += 1;
+    }
+    // Weights 2:1 — 20 and 10 of 30, within one request.
+    let heavy = served.get("heavy").copied().unwrap_or(0);
+    assert!((19..=21).contains(&heavy), "{served:?}");
+    let too_heavy =
+        Admission::builder().tenant_defaults(TenantLimits::new().weight(TenantLimits::MAX_WEIGHT + 1)).build();
+    let err = too_heavy.unwrap_err().to_string();
+    assert!(err.contains("tenant weight") && err.contains("65536"), "{err}");
+}
+
+/// v3 defect 4: a request whose shared prefix is resident is predicted to need only its suffix, exactly
+/// what admission would take; it is not shed for KV it would never be charged.
+#[test]
+fn a_resident_prefix_is_not_priced_twice_by_the_deadline_prediction() {
+    let (_clock, builder) = manual();
+    let admission = builder
+        .max_in_flight(10)
+        .kv_capacity_tokens(1000)
+        .prefix_sharing(8)
+        .queue_capacity(8)
+        .expected_hold_time(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let sharer = || Request::new(600, 0).prefix(7u64, 500); // 500 shared + 100 own
+    let _a = admission.try_admit(&sharer()).unwrap(); // brings the prefix in: 600 used
+    let c = admission.try_admit(&Request::new(300, 0)).unwrap(); // 900 used
+    let mut w = admission.admit(&Request::new(150, 0)); // waits for KV
+    assert!(poll(&mut w).is_pending());
+    // Behind w: 150 + its own 100 against 100 free; 150 units short at 900 units/s is ~0.17 s, within its
+    // 0.5-s deadline (priced with the prefix again, 650 short, it would be 0.72 s and shed).
+    let mut b = admission.admit(&sharer().ttft_deadline(Duration::from_millis(500)));
+    assert!(poll(&mut b).is_pending(), "shed for a prefix that is already held");
+    assert_eq!(admission.snapshot().shed, 0);
+    drop(c);
+    assert!(matches!(poll(&mut w), Poll::Ready(Ok(_))));
+    let Poll::Ready(Ok(permit)) = poll(&mut b) else { panic!("b fits once c left") };
+    assert_eq!(permit.kv_reserved(), 100);
+}
+
+/// v3 defect 5: a waiter that ended in the queue (timed out, closed) and whose future is then dropped
+/// without being polled is counted once, by its reason.
+#[test]
+fn an_ended_waiter_dropped_unpolled_is_counted_once() {
+    let (clock, builder) = manual();
+    let admission = builder.max_in_flight(1).queue_capacity(8).build().unwrap();
+    let held = admission.try_admit(&Request::new(1, 0)).unwrap();
+    let mut timed = admission.admit(&Request::new(1, 0).max_wait(Duration::from_millis(10)));
+    assert!(poll(&mut timed).is_pending());
+    let mut polled = admission.admit(&Request::new(1, 0).max_wait(Duration::from_millis(10)));
+    assert!(poll(&mut polled).is_pending());
+    clock.advance(Duration::from_millis(20));
+    assert_eq!(admission.expire_waiters(), 2);
+    drop(timed); // ended TimedOut, never polled again
+    assert!(matches!(poll(&mut polled), Poll::Ready(Err(Rejection::TimedOut))));
+    drop(polled);
+    assert_eq!(admission.snapshot().rejected.timed_out, 2, "{:?}", admission.snapshot().rejected);
+    let mut closed = admission.admit(&Request::new(1, 0));
+    assert!(poll(&mut closed).is_pending());
+    admission.close();
+    drop(closed);
+    let counts = admission.snapshot().rejected;
+    assert_eq!((counts.timed_out, counts.closed, counts.total()), (2, 1, 3), "{counts:?}");
+    drop(held);
+}
+
+/// v3 defect 5 (blocking): the same for `admit_blocking`, whose thread sees every ending: counted once.
+#[test]
+fn a_blocking_waiter_that_times_out_is_counted_once() {
+    let admission = Admission::builder().max_in_flight(1).queue_capacity(8).build().unwrap();
+    let _held = admission.try_admit(&Request::new(1, 0)).unwrap();
+    let outcome = admission.admit_blocking(&Request::new(1, 0), Some(Duration::from_millis(5)));
+    assert_eq!(outcome.unwrap_err(), Rejection::TimedOut);
+    assert_eq!(admission.snapshot().rejected.total(), 1);
 }

@@ -5,7 +5,7 @@
 //! the head waiter, marks it granted and, after releasing the lock, wakes exactly that task or thread
 //! (O(1) wake-ups per grant: no thundering herd). The waiter then only has to pick its permit up.
 
-use super::dispatcher::{Notify, Outcome};
+use super::dispatcher::{Abandoned, Notify, Outcome};
 use super::owner::{Attempt, Owner, Ticket, WaitSpec};
 use super::permit::Permit;
 use super::rejection::Rejection;
@@ -123,11 +123,16 @@ fn finish(owner: Arc<dyn Owner>, request: &Request, ticket: Ticket, outcome: Out
     }
 }
 
-/// Gives back whatever a waiter holds when its owner stops waiting for it.
-fn abandon(owner: &dyn Owner, ticket: &Ticket) {
+/// Gives back whatever a waiter holds when its owner stops waiting for it. A wait that had ended
+/// already (its owner never saw how) is counted here, by its reason, as if its owner had seen it: every
+/// ended waiter is counted exactly once, however its future ends.
+fn abandon(owner: &dyn Owner, ticket: &Ticket, has_tenant: bool) {
     let core = owner.core();
-    core.dispatcher.cancel(core.resources(), ticket.key, ticket.held, ticket.tenant.as_ref());
+    let left = core.dispatcher.cancel(core.resources(), ticket.key, ticket.held, ticket.tenant.as_ref());
     owner.refund(ticket.charges, ticket.tenant.as_deref());
+    if let Abandoned::Ended(rejection) = left {
+        core.count_rejection(&rejection, has_tenant);
+    }
 }
 
 impl Future for Admit {
@@ -182,7 +187,7 @@ impl Future for Admit {
 impl Drop for Admit {
     fn drop(&mut self) {
         if let (State::Waiting(ticket), Some(owner)) = (&self.state, &self.owner) {
-            abandon(&**owner, ticket);
+            abandon(&**owner, ticket, self.request.tenant.is_some());
         }
     }
 }
@@ -218,15 +223,16 @@ pub(crate) fn admit_blocking(
     struct Guard<'a> {
         owner: &'a dyn Owner,
         ticket: Option<Ticket>,
+        has_tenant: bool,
     }
     impl Drop for Guard<'_> {
         fn drop(&mut self) {
             if let Some(ticket) = &self.ticket {
-                abandon(self.owner, ticket);
+                abandon(self.owner, ticket, self.has_tenant);
             }
         }
     }
-    let mut guard = Guard { owner: &*owner, ticket: Some(ticket) };
+    let mut guard = Guard { owner: &*owner, ticket: Some(ticket), has_tenant: request.tenant.is_some() };
     loop {
         let core = owner.core();
         let now = owner.now_nanos();

@@ -3,6 +3,7 @@
 
 use super::capacity::{Capacity, Credit, Limit as KvLimit, Refused, Shortage};
 use super::dispatcher::{ClockFn, Dispatcher, Held, Resources, Timer};
+use super::fairness::ServiceLevels;
 use super::rejection::Rejection;
 use super::stats::{Stats, capacity_hint};
 use super::tenant::TenantHandle;
@@ -23,6 +24,8 @@ pub(crate) struct Core {
     pub(crate) stats: Stats,
     pub(crate) dispatcher: Dispatcher,
     pub(crate) timer: Timer,
+    /// Each class's service level under token fairness (grants that never waited raise it).
+    pub(crate) levels: ServiceLevels,
     /// The admission's clock without its type, for the waiting room's deadline checks.
     now: ClockFn,
 }
@@ -44,6 +47,7 @@ impl Core {
             stats: Stats::new(expected_hold),
             dispatcher: Dispatcher::new(queue_capacity, max_prefixes, token_fairness),
             timer: Timer::new(deadline_timer),
+            levels: ServiceLevels::default(),
             now,
         }
     }
@@ -61,7 +65,13 @@ impl Core {
 
     #[inline]
     pub(crate) fn resources(&self) -> Resources<'_> {
-        Resources { capacity: &self.hot.capacity, kv_limit: &self.hot.kv_limit, stats: &self.stats, now: &self.now }
+        Resources {
+            capacity: &self.hot.capacity,
+            kv_limit: &self.hot.kv_limit,
+            stats: &self.stats,
+            levels: &self.levels,
+            now: &self.now,
+        }
     }
 
     #[inline]

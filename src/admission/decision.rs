@@ -276,7 +276,8 @@ impl<C: Clock> Shared<C> {
                 core.stats.count_prefix_saved(held.saved);
                 if let (Some(t), Fairness::Tokens { .. }) = (&tenant, self.fairness) {
                     let cost = self.fairness.cost(request.prompt_tokens, request.max_new_tokens);
-                    t.core().charge_virtual_tokens(Fairness::counter_units(cost, t.core().weight));
+                    let served_at = t.core().charge_virtual_tokens(Fairness::counter_units(cost, t.core().weight));
+                    core.levels.served(class, served_at);
                 }
                 let tenant = tenant.map(|t| t as Arc<dyn TenantHandle>);
                 W::granted(Permit::granted(this(), request, held, charges, tenant, now))
@@ -363,11 +364,15 @@ impl<C: Clock> Shared<C> {
                 .core
                 .resources()
                 .load(dispatcher.queued_at_or_above(class) as u64, dispatcher.queued_kv_at_or_above(class));
-            let predicted = load.predicted_wait(kv);
+            // Priced as admission would charge it: a shared prefix that is resident costs nothing more.
+            let need = split.as_ref().map_or(kv, |split| dispatcher.shared_need(split));
+            let predicted = load.predicted_wait(need);
             if predicted > deadline {
                 self.core.stats.count_shed(1);
+                // Never earlier than the request's rates would pass it either (as every refusal's hint).
                 let retry_after = (predicted - deadline).clamp(MIN_HINT, MAX_HINT);
-                return Attempt::Refused(Rejection::NoCapacity { retry_after });
+                let rejection = Rejection::NoCapacity { retry_after };
+                return Attempt::Refused(rejection.at_least(self.rate_wait(request.total_tokens(), tenant.as_deref())));
             }
         }
         let total = request.total_tokens();

@@ -1,9 +1,17 @@
 //! How waiting requests of different tenants share the server within a priority class.
 
+use super::request::Priority;
 use crate::error::ConfigError;
+use crate::sync::{AtomicU64, Ordering};
 
 /// Virtual counters advance by `cost × COUNTER_SCALE / weight`, so that weights divide costs in integers.
-const COUNTER_SCALE: u64 = 1024;
+/// With weights at most [`MAX_WEIGHT`] (= `COUNTER_SCALE`), a grant of cost `c > 0` advances its tenant's
+/// counter by at least `c` units: a charge never rounds to zero, and rounding loses less than one unit in
+/// `c`.
+const COUNTER_SCALE: u64 = 1 << 16;
+
+/// The largest tenant weight ([`TenantLimits::MAX_WEIGHT`](crate::TenantLimits::MAX_WEIGHT)): 65,536.
+pub(crate) const MAX_WEIGHT: u32 = 1 << 16;
 
 /// The fairness policy of the waiting room (set with
 /// [`AdmissionBuilder::fairness`](crate::AdmissionBuilder::fairness)).
@@ -19,11 +27,20 @@ const COUNTER_SCALE: u64 = 1024;
 ///   the smallest counter of those still waiting (or the class's last served level), so it cannot bank
 ///   credit while away.
 ///
-/// **Bound (tokens)**: between two tenants that both have requests waiting in a class, the difference of
-/// their counters never exceeds the largest charge of one request (its weighted cost over its tenant's
-/// weight) — what one grant can add — plus the refunds of completions; so over any period both are
-/// backlogged, the tokens served to them follow their weights up to that one-request difference
-/// (`tests/admission_fairness.rs` checks it).
+/// Grants that never waited ([`Admission::try_admit`](crate::Admission::try_admit), or `admit` with
+/// capacity free) charge the counters too, and raise the class's *service level*: the largest counter at
+/// which a request of the class was granted, by either path. A tenant that starts waiting when nobody of
+/// its class waits joins at that level (VTC's "lift"), so a newcomer cannot claim the service that others
+/// were given directly while it was away.
+///
+/// **Bound (tokens)**: between two tenants `a` and `b` that both have requests waiting in a class, the
+/// difference of their counters never exceeds the largest charge of one request — `c / w` for a request
+/// of weighted cost `c` of a tenant of weight `w` — what one grant can add, plus the refunds of
+/// completions. So over any period both are continuously backlogged, their weighted services differ by at
+/// most that: `|S_a / w_a − S_b / w_b| ≤ max(c_a / w_a, c_b / w_b)` plus refunds, where `S` is the
+/// weighted tokens served (`tests/admission_fairness.rs` and the model-based test check it). Weights are
+/// `1..=`[`TenantLimits::MAX_WEIGHT`](crate::TenantLimits::MAX_WEIGHT), checked when the admission is
+/// built.
 ///
 /// # Examples
 ///
@@ -73,10 +90,11 @@ impl Fairness {
         }
     }
 
-    /// Counter units a tenant of `weight` is charged for a weighted cost `cost`.
+    /// Counter units a tenant of `weight` (`1..=MAX_WEIGHT`) is charged for a weighted cost `cost`: at
+    /// least `cost`, so never zero for a non-zero cost.
     #[inline]
     pub(crate) fn counter_units(cost: u64, weight: u32) -> u64 {
-        cost.saturating_mul(COUNTER_SCALE) / u64::from(weight.max(1))
+        cost.saturating_mul(COUNTER_SCALE) / u64::from(weight.clamp(1, MAX_WEIGHT))
     }
 
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
@@ -86,5 +104,49 @@ impl Fairness {
             }
         }
         Ok(())
+    }
+}
+
+/// The service level of each priority class under token fairness: the largest virtual counter at which a
+/// request of the class was granted directly (without waiting). Written without a lock by `try_admit`
+/// (one `fetch_max`, only under token fairness and for a request of a tenant); read by the waiting room
+/// when a flow becomes eligible with no other flow waiting (its counter is lifted to at least this).
+#[derive(Debug)]
+pub(crate) struct ServiceLevels([AtomicU64; Priority::COUNT]);
+
+impl Default for ServiceLevels {
+    fn default() -> Self {
+        Self(std::array::from_fn(|_| AtomicU64::new(0)))
+    }
+}
+
+impl ServiceLevels {
+    /// A request of `class` was granted directly at counter `served_at` (its tenant's before the charge).
+    #[inline]
+    pub(crate) fn served(&self, class: usize, served_at: u64) {
+        self.0[class].fetch_max(served_at, Ordering::Relaxed);
+    }
+
+    /// The level of `class`.
+    pub(crate) fn get(&self, class: usize) -> u64 {
+        self.0[class].load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_charge_never_rounds_to_zero() {
+        for weight in [1, 2, 1000, 1024, 1025, 4096, MAX_WEIGHT] {
+            for cost in [1, 2, 3, 999, 1_000_000] {
+                let units = Fairness::counter_units(cost, weight);
+                assert!(units >= cost, "cost {cost} weight {weight}: {units}");
+            }
+        }
+        // Weights above the maximum are refused at build time; a stray one is treated as the maximum.
+        assert_eq!(Fairness::counter_units(1, u32::MAX), 1);
+        assert_eq!(Fairness::counter_units(u64::MAX, 1), u64::MAX);
     }
 }

@@ -108,13 +108,15 @@ impl FairQueue {
 
     /// Appends waiter `index` behind the earlier waiters of its flow, creating the flow if needed; sets
     /// the waiter's `flow`. Returns true if the flow just entered the ring (the class has a newly eligible
-    /// flow: the caller marks the class held back *before* trying to grant).
+    /// flow: the caller marks the class held back *before* trying to grant). `level` is the class's
+    /// service level from grants that never waited (see [`enter`](Self::enter)).
     pub(crate) fn push(
         &mut self,
         slab: &mut Slab,
         index: u32,
         key: FlowKey,
         tenant: Option<&Arc<dyn TenantHandle>>,
+        level: u64,
     ) -> bool {
         let (id, created) = match self.by_key.get(&key) {
             Some(&id) => (id, false),
@@ -162,7 +164,7 @@ impl FairQueue {
         }
         flow.len += 1;
         if created {
-            self.enter(id);
+            self.enter(id, level);
             true
         } else {
             false
@@ -170,11 +172,12 @@ impl FairQueue {
     }
 
     /// A flow becomes eligible: into the ring, and (token fairness) its counter lifted to the smallest of
-    /// the flows still waiting (or the level of the last grant), so that it cannot spend credit it banked
-    /// while it was away.
-    fn enter(&mut self, id: u32) {
+    /// the flows still waiting — or, when none waits, to the class's service level: the highest counter a
+    /// grant was made at, through this queue or directly (`direct`, from `try_admit`) — so that it cannot
+    /// spend credit it banked while it was away, nor claim the service others were given directly.
+    fn enter(&mut self, id: u32, direct: u64) {
         if self.tokens {
-            let floor = self.min_counter().map_or(self.clock, |(_, c)| c);
+            let floor = self.min_counter().map_or(self.clock.max(direct), |(_, c)| c);
             if self.counter(id) < floor {
                 self.set_counter(id, floor);
             }
@@ -261,7 +264,9 @@ impl FairQueue {
             self.clock = self.clock.max(served_at);
             let units = Fairness::counter_units(cost, self.flow(flow).weight);
             match &self.flow(flow).tenant {
-                Some(tenant) => tenant.core().charge_virtual_tokens(units),
+                Some(tenant) => {
+                    tenant.core().charge_virtual_tokens(units);
+                }
                 None => self.anonymous_counter = self.anonymous_counter.saturating_add(units),
             }
             return;
@@ -310,13 +315,14 @@ impl FairQueue {
         parked.into_iter().map(|(_, id)| id).collect()
     }
 
-    /// Puts a parked flow back at the end of the ring; true if it was parked.
-    pub(crate) fn unpark(&mut self, id: u32) -> bool {
+    /// Puts a parked flow back at the end of the ring; true if it was parked. `level` as for
+    /// [`push`](Self::push).
+    pub(crate) fn unpark(&mut self, id: u32, level: u64) -> bool {
         if !self.flow(id).parked {
             return false;
         }
         self.flow_mut(id).parked = false;
-        self.enter(id);
+        self.enter(id, level);
         true
     }
 
@@ -382,9 +388,9 @@ mod tests {
         let a1 = waiter(&mut slab);
         let a2 = waiter(&mut slab);
         let b1 = waiter(&mut slab);
-        assert!(q.push(&mut slab, a1, a, None));
-        assert!(!q.push(&mut slab, a2, a, None));
-        assert!(q.push(&mut slab, b1, b, None));
+        assert!(q.push(&mut slab, a1, a, None, 0));
+        assert!(!q.push(&mut slab, a2, a, None, 0));
+        assert!(q.push(&mut slab, b1, b, None, 0));
         let mut order = Vec::new();
         while let Some((flow, index)) = q.head() {
             order.push(index);
@@ -402,8 +408,8 @@ mod tests {
         let (a, b) = (FlowKey::Tenant(TenantId::from(0)), FlowKey::Anonymous);
         let a1 = waiter(&mut slab);
         let b1 = waiter(&mut slab);
-        q.push(&mut slab, a1, a, None);
-        q.push(&mut slab, b1, b, None);
+        q.push(&mut slab, a1, a, None, 0);
+        q.push(&mut slab, b1, b, None, 0);
         let front = q.head().unwrap().0;
         q.park(front);
         assert_eq!(q.head().map(|h| h.1), Some(b1));
@@ -411,8 +417,8 @@ mod tests {
         assert!(left.emptied && !left.was_parked);
         assert!(q.ring_is_empty());
         let id = q.find(a).unwrap();
-        assert!(q.unpark(id));
-        assert!(!q.unpark(id));
+        assert!(q.unpark(id, 0));
+        assert!(!q.unpark(id, 0));
         assert_eq!(q.head().map(|h| h.1), Some(a1));
         // TenantId(0) and "no tenant" are different flows.
         assert_ne!(q.find(a), q.find(b));
@@ -425,7 +431,7 @@ mod tests {
         let k = FlowKey::Anonymous;
         let w: Vec<u32> = (0..4).map(|_| waiter(&mut slab)).collect();
         for &i in &w {
-            q.push(&mut slab, i, k, None);
+            q.push(&mut slab, i, k, None, 0);
         }
         q.remove(&mut slab, w[1]);
         q.remove(&mut slab, w[3]);

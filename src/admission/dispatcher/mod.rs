@@ -16,6 +16,6 @@ mod timer;
 mod waiter;
 mod wake_list;
 
-pub(crate) use room::{ClockFn, Dispatcher, Enqueued, Held, NewWaiter, Outcome, Resources};
+pub(crate) use room::{Abandoned, ClockFn, Dispatcher, Enqueued, Held, NewWaiter, Outcome, Resources};
 pub(crate) use timer::Timer;
 pub(crate) use waiter::{Notify, WaiterKey};

@@ -30,6 +30,7 @@ use super::waiter::{Notify, Slab, WaitState, Waiter, WaiterKey};
 use super::wake_list::WakeList;
 use crate::Priority;
 use crate::admission::capacity::{Capacity, Credit, Limit as KvLimit, Shortage};
+use crate::admission::fairness::ServiceLevels;
 use crate::admission::prefix::{PrefixId, PrefixTable, Sharing, Split};
 use crate::admission::stats::{Load, Stats, capacity_hint};
 use crate::admission::tenant::{FlowKey, TenantHandle};
@@ -59,8 +60,21 @@ pub(crate) struct Resources<'a> {
     pub(crate) capacity: &'a Capacity,
     pub(crate) kv_limit: &'a KvLimit,
     pub(crate) stats: &'a Stats,
+    /// Each class's service level from grants that never waited (token fairness).
+    pub(crate) levels: &'a ServiceLevels,
     /// The admission's clock (read outside the room's lock: a clock may be user code).
     pub(crate) now: &'a ClockFn,
+}
+
+/// How a wait stood when its owner gave it up ([`Dispatcher::cancel`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Abandoned {
+    /// It was still waiting: its place is given up.
+    Waiting,
+    /// It had been granted and never collected: the grant goes to the next waiters.
+    Granted,
+    /// Its wait had ended already (timed out, closed, displaced, too large), unseen by its owner.
+    Ended(Rejection),
 }
 
 /// A request about to wait.
@@ -222,7 +236,7 @@ impl Dispatcher {
         room.start_deadlines += usize::from(new.start_deadline);
         let key = room.waiters.insert(waiter);
         let Room { waiters, classes, .. } = &mut *room;
-        let entered = classes[class].push(waiters, key.index(), flow_key, new.tenant.as_ref());
+        let entered = classes[class].push(waiters, key.index(), flow_key, new.tenant.as_ref(), res.levels.get(class));
         if entered {
             // Invariant 1: the bit before any attempt to grant.
             room.hold_back(res, class);
@@ -292,15 +306,15 @@ impl Dispatcher {
     }
 
     /// The owner stopped waiting (its future was dropped, its thread unwound): removes the entry and
-    /// gives back a grant it never collected. Returns true if it was granted (the caller refunds its rate
-    /// charges either way).
+    /// gives back a grant it never collected. Returns how the wait stood when it was given up (the caller
+    /// refunds its rate charges either way, and counts a wait that had ended already).
     pub(crate) fn cancel(
         &self,
         res: Resources<'_>,
         key: WaiterKey,
         held: Held,
         tenant: Option<&Arc<dyn TenantHandle>>,
-    ) -> bool {
+    ) -> Abandoned {
         let mut wakes = WakeList::new();
         let mut outside = Outside::default();
         let now = self.pass_time(res);
@@ -320,7 +334,8 @@ impl Dispatcher {
                 }
             }
         } else {
-            let waiting = room.waiters.get(key.index()).state == WaitState::Waiting;
+            let state = room.waiters.get(key.index()).state;
+            let waiting = state == WaitState::Waiting;
             if waiting {
                 // Its own wake-up is not run (its owner is the one leaving), only dropped, outside.
                 outside.wake = room.leave(res, self, key.index(), WaitState::Closed);
@@ -329,14 +344,15 @@ impl Dispatcher {
             if !waiting {
                 drop(room);
                 outside.drop_all(res);
-                return false;
+                let Outcome::Ended(rejection) = outcome_of(state) else { unreachable!("an ended state") };
+                return Abandoned::Ended(rejection);
             }
         }
         room = self.run_passes_with(res, room, &mut wakes, credit, now);
         drop(room);
         self.wake(res, &mut wakes);
         outside.drop_all(res);
-        granted
+        if granted { Abandoned::Granted } else { Abandoned::Waiting }
     }
 
     /// Takes capacity for a new request of `class` whose cost is split around a shared prefix: its suffix,
@@ -388,6 +404,12 @@ impl Dispatcher {
         room = self.run_passes_with(res, room, &mut wakes, Credit { slots: 1, kv: kv + units }, now);
         drop(room);
         self.wake(res, &mut wakes);
+    }
+
+    /// The KV units a new request split around a shared prefix would take now: its suffix while the
+    /// prefix is resident, else its whole cost (what [`take_shared`](Self::take_shared) would take).
+    pub(crate) fn shared_need(&self, split: &Split) -> u64 {
+        sync::lock(&self.room).prefixes.need(split).0
     }
 
     /// Prefixes tracked now.
@@ -497,8 +519,10 @@ impl Dispatcher {
         let keys = if room.start_deadlines == 0 { Vec::new() } else { room.waiters.waiting_keys() };
         for key in keys {
             let Some(waiter) = room.waiters.lookup(key) else { continue };
+            // Its own units, plus the prefix's when nobody holds the prefix now (what a pass would take).
+            let need = waiter.prefix.map_or(waiter.kv, |id| room.prefixes.waiter_need(id, waiter.kv));
             if !waiter.start_deadline
-                || now.saturating_add(duration_nanos(load.predicted_wait(waiter.kv))) <= waiter.deadline
+                || now.saturating_add(duration_nanos(load.predicted_wait(need))) <= waiter.deadline
             {
                 continue;
             }
@@ -727,7 +751,7 @@ impl Room {
             if let Some(flow) = self.classes[class].find(core.flow) {
                 // Invariant 1: the class bit before the flow is eligible.
                 self.hold_back(res, class);
-                self.classes[class].unpark(flow);
+                self.classes[class].unpark(flow, res.levels.get(class));
             }
             core.capacity.clear_held_back(class);
         }
@@ -739,7 +763,7 @@ impl Room {
             for flow in self.classes[class].parked_flows() {
                 // Invariant 1: the class bit before the flow is eligible.
                 self.hold_back(res, class);
-                self.classes[class].unpark(flow);
+                self.classes[class].unpark(flow, res.levels.get(class));
                 if let Some(tenant) = self.classes[class].tenant(flow) {
                     tenant.core().capacity.clear_held_back(class);
                 }

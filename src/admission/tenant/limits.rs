@@ -1,5 +1,6 @@
 //! What a tenant may use, and the tenant configuration an admission is built with.
 
+use crate::admission::fairness::MAX_WEIGHT;
 use crate::error::ConfigError;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -40,6 +41,11 @@ impl Default for TenantLimits {
 }
 
 impl TenantLimits {
+    /// The largest weight a tenant may have (65,536): under token fairness a grant charges its tenant's
+    /// counter its cost over its weight, in fixed point with 16 fractional bits, so a weight up to this
+    /// charges at least one unit per token and never rounds a charge to zero.
+    pub const MAX_WEIGHT: u32 = MAX_WEIGHT;
+
     /// No per-tenant limit, weight 1.
     pub const fn new() -> Self {
         Self { max_in_flight: None, kv_share: None, request_rate: None, token_rate: None, weight: 1 }
@@ -77,7 +83,11 @@ impl TenantLimits {
 
     /// The tenant's weight in fair queueing: how many of its waiting requests are granted per turn
     /// (default 1). A tenant with weight 4 gets four times the grants of a tenant with weight 1 while
-    /// both have requests waiting.
+    /// both have requests waiting (with [`Fairness::Tokens`](crate::Fairness::Tokens), four times the
+    /// tokens).
+    ///
+    /// Weights are `1..=`[`MAX_WEIGHT`](Self::MAX_WEIGHT) (65,536); the admission's `build()` refuses
+    /// others with a [`ConfigError`].
     pub fn weight(mut self, weight: u32) -> Self {
         self.weight = weight;
         self
@@ -98,6 +108,12 @@ impl TenantLimits {
         }
         if self.weight == 0 {
             return Err(ConfigError::Zero { what: "tenant weight" });
+        }
+        if self.weight > MAX_WEIGHT {
+            return Err(ConfigError::OutOfRange {
+                what: "tenant weight",
+                reason: format!("{} for {who}; use a weight from 1 to {MAX_WEIGHT}", self.weight),
+            });
         }
         if matches!(self.request_rate, Some((_, 0))) {
             return Err(ConfigError::Zero { what: "tenant request rate burst" });

@@ -78,9 +78,12 @@ impl TenantCore {
         self.virtual_tokens.store(counter, Ordering::Relaxed);
     }
 
-    /// Charges `units` of scaled cost to the counter (a grant without waiting).
-    pub(crate) fn charge_virtual_tokens(&self, units: u64) {
-        self.virtual_tokens.fetch_add(units, Ordering::Relaxed);
+    /// Charges `units` of scaled cost to the counter (saturating); returns the counter before the charge:
+    /// the level the grant was served at.
+    pub(crate) fn charge_virtual_tokens(&self, units: u64) -> u64 {
+        self.virtual_tokens
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| Some(c.saturating_add(units)))
+            .unwrap_or_else(|c| c)
     }
 
     /// Takes back `units` of scaled cost (output a completion did not produce), never below zero.
