@@ -396,6 +396,14 @@ impl<C: Clock> Admission<C> {
         self.shared.core.expire_waiters(self.shared.clock.now_nanos()).0
     }
 
+    /// Holds the waiting room's lock until the returned guard is dropped. For tests that prove which
+    /// operations take no lock (an operation that finishes while it is held took none); not a stable API.
+    #[doc(hidden)]
+    #[cfg(not(loom))]
+    pub fn __hold_waiting_room(&self) -> impl Sized + '_ {
+        self.shared.core.dispatcher.hold_room()
+    }
+
     fn owner(&self) -> Arc<dyn Owner> {
         self.shared.clone()
     }

@@ -412,6 +412,12 @@ impl Dispatcher {
         sync::lock(&self.room).prefixes.need(split).0
     }
 
+    /// The waiting room's lock, held by the caller (`Admission::__hold_waiting_room`, for tests).
+    #[cfg(not(loom))]
+    pub(crate) fn hold_room(&self) -> impl Sized + '_ {
+        sync::lock(&self.room)
+    }
+
     /// Prefixes tracked now.
     pub(crate) fn prefixes(&self) -> usize {
         sync::lock(&self.room).prefixes.len()
