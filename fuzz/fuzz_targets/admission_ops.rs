@@ -1,9 +1,12 @@
 //! `Admission` on a `ManualClock` with the deadline timer off (fully deterministic), driven by arbitrary
 //! operation sequences — try_admit / admit (polled by hand, cancelled at random) / poll / drop / complete /
 //! clock moves with and without expiry / resize / close, with tenants (caps, KV shares, tenant-only token
-//! rates, weights) and shared prefixes (a few common ids and invented ones, a small table) — and compared after every step with the exact sequential model shared with
-//! `tests/admission_model.rs`: every outcome, every gauge and every bucket, globally and per tenant. At the
-//! end every waiter is polled until none resolves, everything is dropped, and all is back to zero.
+//! rates, weights from 1 to the maximum), request or token fairness, TTFT deadlines and shared prefixes
+//! (a few common ids and invented ones, a small table) — and compared after every step with the exact
+//! sequential model and specification shared with `tests/admission_model.rs`: every outcome, gauge and
+//! bucket, globally and per tenant; rejection counts by reason; hint soundness; the rate bound; the
+//! fairness bound. At the end every waiter is polled until none resolves, everything is dropped, and all is
+//! back to zero.
 #![no_main]
 
 use libfuzzer_sys::arbitrary::{self, Arbitrary};
@@ -19,6 +22,7 @@ struct ArbReq {
     max_wait_ms: Option<u8>,
     /// (prefix id: a few shared ones, or any id when the high bit is set; prefix tokens)
     prefix: Option<(u8, u8)>,
+    ttft_ms: Option<u8>,
 }
 
 impl ArbReq {
@@ -30,6 +34,7 @@ impl ArbReq {
             tenant: self.tenant.map(|t| t % TENANTS),
             max_wait_ms: self.max_wait_ms.map(|ms| u64::from(ms % 40)),
             prefix: self.prefix.map(|(id, tokens)| (if id & 0x80 != 0 { id } else { id % 4 }, u32::from(tokens % 60))),
+            ttft_ms: self.ttft_ms.map(|ms| u64::from(ms % 40)),
         }
     }
 }
@@ -77,6 +82,9 @@ struct Input {
     tenant_token_rate: Option<(u8, u8)>,
     max_queue_wait_ms: Option<u8>,
     prefix_sharing: Option<u8>,
+    /// Bit 0: token fairness; the three weights from the next bits.
+    fairness: u8,
+    weights: [u8; 3],
     ops: Vec<ArbOp>,
 }
 
@@ -96,6 +104,9 @@ impl Input {
             tenant_token_rate: rate(self.tenant_token_rate, 1),
             max_queue_wait_ms: self.max_queue_wait_ms.map(|ms| u64::from(ms % 50)),
             prefix_sharing: self.prefix_sharing.map(|n| usize::from(n % 6) + 1),
+            fairness_tokens: self.fairness & 1 != 0,
+            // Powers of two from 1 to the maximum weight (2^16), so that the model's counters are exact.
+            weights: self.weights.map(|w| 1 << (w % 17)),
         }
     }
 }

@@ -1,14 +1,34 @@
 //! The exact sequential model of an admission — global and per-tenant capacity, a global request rate and
-//! token rate, tenant-only token rates, the waiting room with its fair queues (weighted round-robin,
-//! parking at a tenant's own limit), deadlines, resize and close — and a harness that applies the same
+//! token rate, tenant-only token rates, the waiting room with its fair queues (weighted round-robin or
+//! virtual token counters, weights from 1 to the maximum, parking at a tenant's own limit), shared
+//! prefixes, deadlines and TTFT deadlines, resize and close — and a harness that applies the same
 //! operations to the real `Admission` (futures polled by hand) and to the model, and compares them after
-//! every step: every outcome, every gauge, every bucket, per tenant. Shared by
-//! `tests/admission_model.rs` (proptest) and the `admission_ops` fuzz target; [`assert_idle`] by every test
-//! that checks an admission holds nothing.
+//! every step. Shared by `tests/admission_model.rs` (proptest) and the `admission_ops` fuzz target;
+//! [`assert_idle`] by every test that checks an admission holds nothing.
+//!
+//! # What is checked after every step (the specification)
+//! - **Outcomes**: every grant, wait and refusal (by reason) equals the model's.
+//! - **Conservation**: every gauge and bucket, global and per tenant, equals the model's; at the end all
+//!   is back to zero.
+//! - **Counts**: `Snapshot::rejected` equals the model's count of every refusal and every ended waiter,
+//!   by reason — counted once whether its future was polled or dropped.
+//! - **Hint soundness**: no refusal's hint is earlier than the first instant at which every rate the
+//!   request meets would pass it, computed from the model's buckets; a rate refusal's hint equals it.
+//! - **The rate bound**: in every window `[t0, t1]` of the run, each bucket (global requests, global
+//!   tokens, each tenant's tokens) handed out, net of refunds, at most `burst + rate · (t1 − t0)`.
+//! - **The fairness bound**: for two flows continuously eligible in one class (and charged nothing
+//!   elsewhere meanwhile), the one ahead never gains more than one of its own requests' charge:
+//!   `gap(t) ≤ max(gap(start), largest charge of a)`, where `gap = counter_a − counter_b` (virtual token
+//!   counters, or grants over weight with round-robin; see `Fairness`).
+//!
+//! The model follows the real admission where the specification leaves a choice open: whether a request
+//! with a TTFT deadline is shed (the prediction is an estimate), and which start-deadline waiters an
+//! expiry sheds early. It checks what follows from each choice (what the shed request holds and is told,
+//! what the others get).
 
 use kvgate::clock::{Clock, ManualClock};
 use kvgate::{Admission, Admit, Permit, Priority, Rejection, Request, TenantId, TenantLimits};
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
@@ -26,8 +46,13 @@ pub fn assert_idle<C: Clock>(admission: &Admission<C>) {
     assert_eq!((s.in_flight, s.kv_used, s.queued), (0, 0, 0), "capacity still held: {s:?}");
 }
 
-/// Tenants the operations use (ids 0..TENANTS); tenant 0 has weight 2.
+/// Tenants the operations use (ids 0..TENANTS), each with its weight from [`Config::weights`].
 pub const TENANTS: u8 = 3;
+/// Fixed-point scale of virtual counters (the admission's, so that every charge is an exact integer for
+/// power-of-two weights up to the maximum).
+const SCALE: u128 = 1 << 16;
+/// Round-robin "counter" of one full turn (grants / weight, in units of 1/SCALE turn).
+const TURN: u128 = SCALE;
 const CLASSES: [Priority; 3] = [Priority::Batch, Priority::Normal, Priority::Interactive];
 const MS: u64 = 1_000_000;
 
@@ -47,6 +72,10 @@ pub struct Config {
     pub max_queue_wait_ms: Option<u64>,
     /// Prefix sharing with this many entries at most.
     pub prefix_sharing: Option<usize>,
+    /// Token fairness (`Fairness::tokens()`) instead of request round-robin.
+    pub fairness_tokens: bool,
+    /// Each tenant's weight: a power of two from 1 to `TenantLimits::MAX_WEIGHT`.
+    pub weights: [u32; TENANTS as usize],
 }
 
 impl Config {
@@ -79,7 +108,14 @@ impl Config {
         if let Some((per_ms, burst)) = self.tenant_token_rate {
             limits = limits.token_rate(per_ms as f64 * 1000.0, burst);
         }
-        b.tenant_defaults(limits.clone()).tenant_limits(0u64, limits.weight(2)).build().expect("valid configuration")
+        if self.fairness_tokens {
+            b = b.fairness(kvgate::Fairness::tokens());
+        }
+        b = b.tenant_defaults(limits.clone());
+        for (t, &weight) in self.weights.iter().enumerate() {
+            b = b.tenant_limits(t as u64, limits.clone().weight(weight));
+        }
+        b.build().expect("valid configuration")
     }
 }
 
@@ -93,6 +129,8 @@ pub struct Req {
     pub max_wait_ms: Option<u64>,
     /// (prefix id, prefix tokens)
     pub prefix: Option<(u8, u32)>,
+    /// Time-to-first-token deadline, in ms.
+    pub ttft_ms: Option<u64>,
 }
 
 impl Req {
@@ -107,7 +145,14 @@ impl Req {
         if let Some((id, tokens)) = self.prefix {
             r = r.prefix(u64::from(id), tokens);
         }
+        if let Some(ms) = self.ttft_ms {
+            r = r.ttft_deadline(Duration::from_millis(ms));
+        }
         r
+    }
+    /// Its weighted token cost under token fairness (prompt weight 1, output weight 2).
+    fn cost(&self) -> u128 {
+        u128::from(self.prompt) + 2 * u128::from(self.max_new)
     }
     fn total(&self) -> u64 {
         u64::from(self.prompt) + u64::from(self.max_new)
@@ -129,23 +174,56 @@ pub enum Op {
     Close,
 }
 
-/// A bucket in whole tokens.
-#[derive(Debug, Clone, Copy)]
+/// A bucket in whole tokens, with the log of what it handed out (for the rate bound).
+#[derive(Debug, Clone)]
 struct Bucket {
     level: u64,
     burst: u64,
     per_ms: u64,
+    /// (ms, tokens taken, or given back as a negative number), in time order.
+    log: Vec<(u64, i64)>,
 }
 
 impl Bucket {
     fn new((per_ms, burst): (u64, u64)) -> Self {
-        Bucket { level: burst, burst, per_ms }
+        Bucket { level: burst, burst, per_ms, log: Vec::new() }
     }
-    fn refund(&mut self, n: u64) {
-        self.level = (self.level + n).min(self.burst);
+    fn take(&mut self, n: u64, now_ms: u64) -> bool {
+        if self.level < n {
+            return false;
+        }
+        self.level -= n;
+        self.log.push((now_ms, n as i64));
+        true
+    }
+    fn refund(&mut self, n: u64, now_ms: u64) {
+        let back = n.min(self.burst - self.level);
+        self.level += back;
+        if back != 0 {
+            self.log.push((now_ms, -(back as i64)));
+        }
     }
     fn advance(&mut self, ms: u64) {
         self.level = (self.level + ms * self.per_ms).min(self.burst);
+    }
+    /// The exact time until `n` tokens are there, in ns (0 when they are).
+    fn wait_ns(&self, n: u64) -> u64 {
+        let missing = n.saturating_sub(self.level);
+        (missing * 1_000_000).div_ceil(self.per_ms)
+    }
+    /// The rate bound: in every window of the log, net tokens handed out ≤ burst + rate · length.
+    fn check_window(&self, what: &str) -> Result<(), String> {
+        for (i, &(t0, _)) in self.log.iter().enumerate() {
+            let mut net = 0i64;
+            for &(t1, n) in &self.log[i..] {
+                net += n;
+                let bound = (self.burst + self.per_ms * (t1 - t0)) as i64;
+                if net > bound {
+                    return Err(format!("{what}: {net} tokens in [{t0}, {t1}] ms, over burst + rate·t = {bound}"));
+                }
+            }
+        }
+        Ok(())
     }
 }
 
@@ -168,6 +246,8 @@ struct Charges {
 
 #[derive(Debug, Clone)]
 struct MWaiter {
+    /// Its deadline is a start (TTFT) deadline: an expiry may shed it early.
+    start_deadline: bool,
     req: Req,
     /// Its own KV units (beyond a shared prefix it refers to).
     kv: u64,
@@ -235,6 +315,23 @@ struct MPrefix {
 /// A request's cost around its shared prefix: (id, prefix units, suffix units).
 type Split = (u8, u64, u64);
 
+/// Index of a flow's counters: tenants 0..TENANTS, then the anonymous flow.
+fn fidx(key: FlowKey) -> usize {
+    key.map_or(usize::from(TENANTS), usize::from)
+}
+
+/// Two flows continuously eligible in one class since `gap0` was taken (the fairness bound).
+#[derive(Debug, Clone)]
+struct Pair {
+    /// `counter_a − counter_b` when both became eligible.
+    gap0: i128,
+    /// Each one's counter changes made outside this class's queue, when it started: the pair restarts
+    /// when they change (direct grants, refunds, lifts, grants in another class).
+    other: (i128, i128),
+    /// The largest charge of one of `a`'s grants in this class since it started.
+    max_charge_a: i128,
+}
+
 /// The sequential model.
 #[derive(Debug, Clone)]
 pub struct Model {
@@ -253,6 +350,23 @@ pub struct Model {
     waiters: Vec<MWaiter>,
     permits: Vec<MPermit>,
     classes: [MClass; 3],
+    /// Refusals and ended waiters, by reason, each counted once.
+    counts: BTreeMap<&'static str, u64>,
+    /// Requests shed for their TTFT deadline (the real admission's choice, followed).
+    shed: u64,
+    /// Virtual token counters of the tenants (shared by their flows in every class).
+    counters: [u128; TENANTS as usize],
+    /// The anonymous flow's counter in each class.
+    anonymous: [u128; 3],
+    /// Each class's last served level through its queue, and through grants that never waited.
+    clock: [u128; 3],
+    levels: [u128; 3],
+    /// What each flow was charged through each class's queue (token units, or turns for round-robin).
+    internal: [[u128; TENANTS as usize + 1]; 3],
+    /// Each class's tracked pairs (ordered by flow index), for the fairness bound.
+    pairs: [BTreeMap<(usize, usize), Pair>; 3],
+    /// The last refusal came from a rate (its hint is exact).
+    rate_refusal: bool,
 }
 
 impl Model {
@@ -274,8 +388,153 @@ impl Model {
             waiters: Vec::new(),
             permits: Vec::new(),
             classes: Default::default(),
+            counts: BTreeMap::new(),
+            shed: 0,
+            counters: [0; TENANTS as usize],
+            anonymous: [0; 3],
+            clock: [0; 3],
+            levels: [0; 3],
+            internal: [[0; TENANTS as usize + 1]; 3],
+            pairs: Default::default(),
+            rate_refusal: false,
             cfg: cfg.clone(),
         }
+    }
+
+    fn count(&mut self, reason: &'static str) {
+        *self.counts.entry(reason).or_default() += 1;
+    }
+
+    /// The exact time until every rate `req` meets would pass it, in ns (its hints' lower bound).
+    fn rate_wait_ns(&self, req: &Req) -> u64 {
+        let total = req.total();
+        let tenant = req.tenant.and_then(|t| self.tenants[usize::from(t)].tokens.as_ref());
+        [
+            self.requests.as_ref().map(|b| b.wait_ns(1)),
+            self.tokens.as_ref().map(|b| b.wait_ns(total)),
+            tenant.map(|b| b.wait_ns(total)),
+        ]
+        .into_iter()
+        .flatten()
+        .max()
+        .unwrap_or(0)
+    }
+
+    /// The flow's fairness counter in `class`: its virtual token counter, or (round-robin) the turns it
+    /// was served through the class's queue.
+    fn counter(&self, class: usize, key: FlowKey) -> u128 {
+        if !self.cfg.fairness_tokens {
+            return self.internal[class][fidx(key)];
+        }
+        match key {
+            Some(t) => self.counters[usize::from(t)],
+            None => self.anonymous[class],
+        }
+    }
+
+    fn set_counter(&mut self, class: usize, key: FlowKey, value: u128) {
+        match key {
+            Some(t) => self.counters[usize::from(t)] = value,
+            None => self.anonymous[class] = value,
+        }
+    }
+
+    /// A flow becomes eligible in `class`: (token fairness) lifted to the smallest counter of the flows
+    /// eligible there, or when there are none to the class's service level (queued or direct grants), then
+    /// into the ring.
+    fn enter(&mut self, class: usize, key: FlowKey) {
+        if self.cfg.fairness_tokens {
+            let ring = &self.classes[class].ring;
+            let floor =
+                ring.iter().map(|&k| self.counter(class, k)).min().unwrap_or(self.clock[class].max(self.levels[class]));
+            if self.counter(class, key) < floor {
+                self.set_counter(class, key, floor);
+            }
+        }
+        self.classes[class].ring.push_back(key);
+    }
+
+    /// The flow to serve next in `class`: the ring's front, or (token fairness) the eligible flow with the
+    /// smallest counter, the first in ring order among equals.
+    fn head(&self, class: usize) -> Option<FlowKey> {
+        let ring = &self.classes[class].ring;
+        if !self.cfg.fairness_tokens {
+            return ring.front().copied();
+        }
+        let mut best: Option<(FlowKey, u128)> = None;
+        for &k in ring {
+            let c = self.counter(class, k);
+            if best.is_none_or(|(_, b)| c < b) {
+                best = Some((k, c));
+            }
+        }
+        best.map(|(k, _)| k)
+    }
+
+    /// Counts a grant of `req` to flow `key` of `class` through its queue.
+    fn count_grant(&mut self, class: usize, key: FlowKey, req: &Req) {
+        let weight = u128::from(self.weight(key));
+        let charge = if self.cfg.fairness_tokens {
+            let served_at = self.counter(class, key);
+            self.clock[class] = self.clock[class].max(served_at);
+            let units = req.cost() * SCALE / weight;
+            self.set_counter(class, key, served_at + units);
+            units
+        } else {
+            TURN / weight
+        };
+        self.internal[class][fidx(key)] += charge;
+        for ((a, _), pair) in self.pairs[class].iter_mut() {
+            if *a == fidx(key) {
+                pair.max_charge_a = pair.max_charge_a.max(charge as i128);
+            }
+        }
+    }
+
+    /// What changed `key`'s counter outside `class`'s queue (the pair restarts when it changes).
+    fn other(&self, class: usize, key: FlowKey) -> i128 {
+        self.counter(class, key) as i128 - self.internal[class][fidx(key)] as i128
+    }
+
+    /// The fairness bound, for every pair of flows eligible in one class (see the module docs).
+    fn check_fairness(&mut self) -> Result<(), String> {
+        for class in 0..3 {
+            let ring: Vec<FlowKey> = self.classes[class].ring.iter().copied().collect();
+            let mut pairs = BTreeMap::new();
+            for &a in &ring {
+                for &b in &ring {
+                    if a == b {
+                        continue;
+                    }
+                    let key = (fidx(a), fidx(b));
+                    let gap = self.counter(class, a) as i128 - self.counter(class, b) as i128;
+                    let other = (self.other(class, a), self.other(class, b));
+                    let pair = match self.pairs[class].remove(&key) {
+                        Some(pair) if pair.other == other => {
+                            // Token fairness serves the smallest counter: `a` gets ahead by one of its own
+                            // charges at most. Round-robin serves whole turns: by one turn at most.
+                            let bound = if self.cfg.fairness_tokens {
+                                pair.gap0.max(pair.max_charge_a)
+                            } else {
+                                pair.gap0 + TURN as i128
+                            };
+                            if gap > bound {
+                                return Err(format!(
+                                    "fairness bound in class {class}: flow {a:?} is {gap} ahead of {b:?}, over {bound} \
+                                     (gap at start {}, its largest charge {})",
+                                    pair.gap0, pair.max_charge_a
+                                ));
+                            }
+                            pair
+                        }
+                        _ => Pair { gap0: gap, other, max_charge_a: 0 },
+                    };
+                    pairs.insert(key, pair);
+                }
+            }
+            self.pairs[class] = pairs;
+        }
+        Ok(())
     }
 
     /// A one-line summary, for debugging a failing case.
@@ -384,8 +643,8 @@ impl Model {
         self.give(kv, tenant);
     }
 
-    fn weight(key: FlowKey) -> u32 {
-        if key == Some(0) { 2 } else { 1 }
+    fn weight(&self, key: FlowKey) -> u32 {
+        key.map_or(1, |t| self.cfg.weights[usize::from(t)])
     }
 
     fn share_limit(&self) -> Option<u64> {
@@ -443,11 +702,11 @@ impl Model {
     }
 
     fn unpark(&mut self, t: u8) {
-        for class in &mut self.classes {
-            if let Some(flow) = class.flow(Some(t)) {
+        for class in 0..3 {
+            if let Some(flow) = self.classes[class].flow(Some(t)) {
                 if flow.parked {
                     flow.parked = false;
-                    class.ring.push_back(Some(t));
+                    self.enter(class, Some(t));
                 }
             }
         }
@@ -458,7 +717,7 @@ impl Model {
             return;
         }
         for class in (0..3).rev() {
-            while let Some(&key) = self.classes[class].ring.front() {
+            while let Some(key) = self.head(class) {
                 let id = *self.classes[class].flow(key).unwrap().queue.front().unwrap();
                 if self.waiters[id].deadline <= self.now_ms * MS {
                     // Past its deadline: never granted.
@@ -472,8 +731,10 @@ impl Model {
                     // Nobody overtakes a parked waiter of a higher class within its tenant.
                     if self.tenant_parked_at_or_above(t, class + 1) || !self.tenant_fits(t, self.tenant_kv(kv)) {
                         let c = &mut self.classes[class];
-                        c.ring.pop_front();
-                        c.served_in_turn = 0;
+                        if c.ring.front() == Some(&key) {
+                            c.served_in_turn = 0;
+                        }
+                        c.ring.retain(|k| *k != key);
                         c.flow(key).unwrap().parked = true;
                         continue;
                     }
@@ -486,13 +747,17 @@ impl Model {
                     self.prefix_stop_waiting(p, true);
                 }
                 self.waiters[id].state = WState::Granted;
+                let req = self.waiters[id].req;
+                self.count_grant(class, key, &req);
+                let weight = self.weight(key);
+                let tokens = self.cfg.fairness_tokens;
                 let c = &mut self.classes[class];
                 c.flow(key).unwrap().queue.pop_front();
                 if c.flow(key).unwrap().queue.is_empty() {
                     c.remove_flow(key);
-                } else {
+                } else if !tokens {
                     c.served_in_turn += 1;
-                    if c.served_in_turn >= Self::weight(key) {
+                    if c.served_in_turn >= weight {
                         c.served_in_turn = 0;
                         if c.ring.len() > 1 {
                             let k = c.ring.pop_front().unwrap();
@@ -525,43 +790,41 @@ impl Model {
     }
 
     fn refund(&mut self, c: Charges, tenant: Option<u8>) {
+        let now = self.now_ms;
         if c.request {
-            self.requests.as_mut().unwrap().refund(1);
+            self.requests.as_mut().unwrap().refund(1, now);
         }
         if c.tokens != 0 {
-            self.tokens.as_mut().unwrap().refund(c.tokens);
+            self.tokens.as_mut().unwrap().refund(c.tokens, now);
         }
         if c.tenant_tokens != 0 {
-            self.tenants[usize::from(tenant.unwrap())].tokens.as_mut().unwrap().refund(c.tenant_tokens);
+            self.tenants[usize::from(tenant.unwrap())].tokens.as_mut().unwrap().refund(c.tenant_tokens, now);
         }
     }
 
     /// Charges every rate, all or nothing.
     fn charge(&mut self, req: &Req) -> Result<Charges, &'static str> {
-        let total = req.total();
+        let (total, now) = (req.total(), self.now_ms);
         let mut c = Charges::default();
         if let Some(b) = &mut self.requests {
-            if b.level < 1 {
+            if !b.take(1, now) {
                 return Err("rate_limited");
             }
-            b.level -= 1;
             c.request = true;
         }
         if let Some(b) = &mut self.tokens {
-            if b.level < total {
+            if !b.take(total, now) {
                 self.refund(c, None);
                 return Err("rate_limited");
             }
-            b.level -= total;
             c.tokens = total;
         }
         if let Some(t) = req.tenant {
             if let Some(b) = &mut self.tenants[usize::from(t)].tokens {
-                if b.level < total {
+                if !b.take(total, now) {
                     self.refund(c, None);
                     return Err("rate_limited");
                 }
-                b.level -= total;
                 c.tenant_tokens = total;
             }
         }
@@ -577,7 +840,7 @@ impl Model {
         if self.closed {
             return Err("closed");
         }
-        if total > self.budget || self.tokens.is_some_and(|b| total > b.burst) {
+        if total > self.budget || self.tokens.as_ref().is_some_and(|b| total > b.burst) {
             return Err("too_large");
         }
         if req.tenant.is_some() {
@@ -596,8 +859,10 @@ impl Model {
         self.permits.len() - 1
     }
 
-    /// `Ok(permit)`, `Err(Ok(waiter))` (queued), or `Err(Err(reason))`.
-    fn decide(&mut self, req: Req, may_wait: bool) -> Result<usize, Result<usize, &'static str>> {
+    /// `Ok(permit)`, `Err(Ok(waiter))` (queued), or `Err(Err(reason))`. `shed`: the real admission shed the
+    /// request for its TTFT deadline (followed when it reaches the waiting path; an error otherwise).
+    fn decide(&mut self, req: Req, may_wait: bool, shed: bool) -> Result<usize, Result<usize, &'static str>> {
+        self.rate_refusal = false;
         let kv = self.validate(&req).map_err(Err)?;
         let class = req.class % 3;
         let split = self.split(&req);
@@ -608,7 +873,7 @@ impl Model {
                 // waiters were held back: it runs a pass (which ends heads past their deadline).
                 self.pass();
             }
-            return if may_wait { self.queue(req, kv, split, "no_capacity") } else { Err(Err("no_capacity")) };
+            return if may_wait { self.queue(req, kv, split, "no_capacity", shed) } else { Err(Err("no_capacity")) };
         }
         // What the request holds itself: its suffix when it shares the prefix, else everything.
         let own = match split {
@@ -634,7 +899,11 @@ impl Model {
                     self.unpark(t);
                     self.pass();
                 }
-                return if may_wait { self.queue(req, kv, split, "rate_limited") } else { Err(Err("rate_limited")) };
+                return if may_wait {
+                    self.queue(req, kv, split, "rate_limited", shed)
+                } else {
+                    Err(Err("rate_limited"))
+                };
             }
         }
         match self.charge(&req) {
@@ -651,9 +920,16 @@ impl Model {
                 if tenant_waits {
                     self.pass();
                 }
+                if let (Some(t), true) = (req.tenant, self.cfg.fairness_tokens) {
+                    // A grant that never waited charges its tenant's counter and raises the class's level.
+                    let served_at = self.counters[usize::from(t)];
+                    self.counters[usize::from(t)] += req.cost() * SCALE / u128::from(self.weight(req.tenant));
+                    self.levels[class] = self.levels[class].max(served_at);
+                }
                 Ok(self.grant(req, own, prefix, charges))
             }
             Err(reason) => {
+                self.rate_refusal = true;
                 // The real admission took capacity before the rates and gives it back now (possibly
                 // unparking its tenant's parked flows).
                 self.take_split(need, own, req.tenant);
@@ -672,15 +948,21 @@ impl Model {
         kv: u64,
         split: Option<Split>,
         held_by: &'static str,
+        shed: bool,
     ) -> Result<usize, Result<usize, &'static str>> {
         if self.cfg.queue_capacity == 0 {
             return Err(Err(held_by));
         }
-        let charges = self.charge(&req).map_err(Err)?;
-        let wait = match (req.max_wait_ms, self.cfg.max_queue_wait_ms) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+        if shed {
+            // Predicted to miss its TTFT deadline: refused before it is charged or queued.
+            self.shed += 1;
+            return Err(Err("no_capacity"));
+        }
+        let charges = self.charge(&req).map_err(|reason| {
+            self.rate_refusal = true;
+            Err(reason)
+        })?;
+        let wait = [req.max_wait_ms, self.cfg.max_queue_wait_ms, req.ttft_ms].into_iter().flatten().min();
         let deadline = wait.map_or(u64::MAX, |w| (self.now_ms + w) * MS);
         let now = self.now_ms * MS;
         let class = req.class % 3;
@@ -713,14 +995,15 @@ impl Model {
             Some(sp) if self.prefix_wait(sp) => (sp.2, Some(sp.0)),
             _ => (kv, None),
         };
-        self.waiters.push(MWaiter { req, kv: own, prefix, deadline, state: WState::Waiting, charges });
+        let start_deadline = req.ttft_ms.is_some();
+        self.waiters.push(MWaiter { start_deadline, req, kv: own, prefix, deadline, state: WState::Waiting, charges });
         let id = self.waiters.len() - 1;
         let c = &mut self.classes[class];
         match c.flow(req.tenant) {
             Some(flow) => flow.queue.push_back(id),
             None => {
                 c.flows.push(MFlow { key: req.tenant, queue: VecDeque::from([id]), parked: false });
-                c.ring.push_back(req.tenant);
+                self.enter(class, req.tenant);
             }
         }
         self.pass();
@@ -735,7 +1018,9 @@ impl Model {
         self.waiters.iter().filter(|w| w.state == WState::Waiting && w.req.class % 3 == class).count()
     }
 
+    /// A waiter's owner looks (its ending is counted by the caller, with its hint).
     fn poll(&mut self, id: usize) -> Option<Result<usize, &'static str>> {
+        self.rate_refusal = false;
         match self.waiters[id].state {
             WState::Waiting if self.now_ms * MS < self.waiters[id].deadline => None,
             WState::Waiting => {
@@ -771,7 +1056,12 @@ impl Model {
                 self.waiters[id].state = WState::Gone;
                 self.release_held(w.kv, w.prefix, w.req.tenant);
             }
-            _ => self.waiters[id].state = WState::Gone,
+            WState::Ended(reason) => {
+                // Ended unseen by its owner: counted now, once.
+                self.waiters[id].state = WState::Gone;
+                self.count(reason);
+            }
+            WState::Gone => unreachable!("cancelled after it resolved"),
         }
         self.refund(w.charges, w.req.tenant);
     }
@@ -785,6 +1075,12 @@ impl Model {
     fn complete(&mut self, pid: usize, output: u32) {
         let p = self.permits[pid].clone();
         let unused = u64::from(p.req.max_new.saturating_sub(output));
+        if let (Some(t), true) = (p.req.tenant, self.cfg.fairness_tokens) {
+            // The output it did not produce comes off its tenant's counter (output weight 2).
+            let units = 2 * u128::from(unused) * SCALE / u128::from(self.weight(p.req.tenant));
+            let counter = &mut self.counters[usize::from(t)];
+            *counter = counter.saturating_sub(units);
+        }
         let refund = Charges {
             request: false,
             tokens: p.charges.tokens.min(unused),
@@ -794,7 +1090,7 @@ impl Model {
         self.drop_permit(pid);
     }
 
-    fn advance(&mut self, ms: u64, expire: bool) {
+    fn advance(&mut self, ms: u64, expire: bool, shed: &[usize]) {
         self.now_ms += ms;
         for b in self.requests.iter_mut().chain(self.tokens.iter_mut()) {
             b.advance(ms);
@@ -811,6 +1107,11 @@ impl Model {
                 .collect();
             for id in expired {
                 self.leave(id, WState::Ended("timed_out"));
+            }
+            // Start-deadline waiters the real expiry shed early (predicted to miss their deadline).
+            for &id in shed {
+                self.leave(id, WState::Ended("timed_out"));
+                self.shed += 1;
             }
             self.pass();
         }
@@ -834,12 +1135,13 @@ impl Model {
         }
         // Shares follow the budget: every parked flow looks again, by class, then anonymous first and
         // tenants by id.
-        for class in &mut self.classes {
-            let mut parked: Vec<FlowKey> = class.flows.iter().filter(|f| f.parked).map(|f| f.key).collect();
+        for class in 0..3 {
+            let mut parked: Vec<FlowKey> =
+                self.classes[class].flows.iter().filter(|f| f.parked).map(|f| f.key).collect();
             parked.sort_unstable();
             for key in parked {
-                class.flow(key).unwrap().parked = false;
-                class.ring.push_back(key);
+                self.classes[class].flow(key).unwrap().parked = false;
+                self.enter(class, key);
             }
         }
         self.pass();
@@ -878,6 +1180,23 @@ fn check_rejection(r: &Rejection) -> Result<(), String> {
     }
 }
 
+/// Every rejection's hint against the model (see the module docs), and its count.
+fn check_hint(model: &mut Model, req: &Req, r: &Rejection, reason: &'static str) -> Result<(), String> {
+    check_rejection(r)?;
+    if let Some(hint) = r.retry_after() {
+        let hint = u64::try_from(hint.as_nanos()).unwrap_or(u64::MAX);
+        let rates = model.rate_wait_ns(req);
+        if hint < rates {
+            return Err(format!("{r:?} for {req:?}: its hint is earlier than the rates allow ({rates} ns)"));
+        }
+        if model.rate_refusal && hint != rates {
+            return Err(format!("{r:?} for {req:?}: a rate refusal's hint is not the exact {rates} ns"));
+        }
+    }
+    model.count(reason);
+    Ok(())
+}
+
 impl Harness {
     pub fn new(cfg: &Config) -> Self {
         let clock = ManualClock::new();
@@ -890,41 +1209,35 @@ impl Harness {
         match op {
             Op::TryAdmit(req) => {
                 let real = self.admission.try_admit(&req.request());
-                let model = self.model.decide(*req, false);
+                let model = self.model.decide(*req, false, false);
                 match (real, model) {
                     (Ok(p), Ok(pid)) => self.permits.push((p, pid)),
-                    (Err(r), Err(Err(reason))) if r.reason() == reason => check_rejection(&r)?,
+                    (Err(r), Err(Err(reason))) if r.reason() == reason => check_hint(&mut self.model, req, &r, reason)?,
                     (real, model) => return Err(format!("try_admit {req:?}: real {real:?}, model {model:?}")),
                 }
             }
             Op::Admit(req) => {
+                let shed_before = self.admission.snapshot().shed;
                 let mut fut = self.admission.admit(&req.request());
                 let real = poll_once(&mut fut);
-                let model = self.model.decide(*req, true);
+                let shed = self.admission.snapshot().shed - shed_before;
+                if shed > 0 && req.ttft_ms.is_none() {
+                    return Err(format!("admit {req:?}: shed without a TTFT deadline"));
+                }
+                let model = self.model.decide(*req, true, shed > 0);
                 match (real, model) {
                     (Poll::Ready(Ok(p)), Ok(pid)) => self.permits.push((p, pid)),
                     (Poll::Pending, Err(Ok(id))) => self.futures.push((fut, id)),
-                    (Poll::Ready(Err(r)), Err(Err(reason))) if r.reason() == reason => check_rejection(&r)?,
+                    (Poll::Ready(Err(r)), Err(Err(reason))) if r.reason() == reason => {
+                        check_hint(&mut self.model, req, &r, reason)?
+                    }
                     (real, model) => return Err(format!("admit {req:?}: real {real:?}, model {model:?}")),
                 }
             }
             Op::Poll(i) if !self.futures.is_empty() => {
                 let i = i % self.futures.len();
-                let id = self.futures[i].1;
                 let real = poll_once(&mut self.futures[i].0);
-                let model = self.model.poll(id);
-                match (real, model) {
-                    (Poll::Pending, None) => {}
-                    (Poll::Ready(Ok(p)), Some(Ok(pid))) => {
-                        drop(self.futures.swap_remove(i));
-                        self.permits.push((p, pid));
-                    }
-                    (Poll::Ready(Err(r)), Some(Err(reason))) if r.reason() == reason => {
-                        check_rejection(&r)?;
-                        drop(self.futures.swap_remove(i));
-                    }
-                    (real, model) => return Err(format!("poll waiter {id}: real {real:?}, model {model:?}")),
-                }
+                self.resolve(i, real)?;
             }
             Op::Cancel(i) if !self.futures.is_empty() => {
                 let (fut, id) = self.futures.swap_remove(i % self.futures.len());
@@ -942,11 +1255,40 @@ impl Harness {
                 self.model.complete(pid, *output);
             }
             Op::Advance { ms, expire } => {
+                let shed_before = self.admission.snapshot().shed;
                 self.clock.advance(Duration::from_millis(*ms));
                 if *expire {
                     self.admission.expire_waiters();
                 }
-                self.model.advance(*ms, *expire);
+                let shed = self.admission.snapshot().shed - shed_before;
+                // Which start-deadline waiters the expiry shed: polling them now changes nothing else (the
+                // expiry ended every wait past its deadline), and collects what it did.
+                let mut seen = Vec::new();
+                let mut shed_ids = Vec::new();
+                if shed > 0 {
+                    let now_ms = self.model.now_ms + ms;
+                    for (i, (fut, id)) in self.futures.iter_mut().enumerate() {
+                        let w = &self.model.waiters[*id];
+                        if !(w.start_deadline && w.state == WState::Waiting && now_ms * MS < w.deadline) {
+                            continue;
+                        }
+                        let real = poll_once(fut);
+                        if matches!(real, Poll::Ready(Err(Rejection::TimedOut))) {
+                            shed_ids.push(*id);
+                        }
+                        seen.push((i, real));
+                    }
+                    if shed_ids.len() as u64 != shed {
+                        return Err(format!(
+                            "the expiry counted {shed} shed, {} start-deadline waiters ended",
+                            shed_ids.len()
+                        ));
+                    }
+                }
+                self.model.advance(*ms, *expire, &shed_ids);
+                for (i, real) in seen.into_iter().rev() {
+                    self.resolve(i, real)?;
+                }
             }
             Op::SetMaxInFlight(n) => {
                 self.admission.set_max_in_flight(*n).map_err(|e| e.to_string())?;
@@ -966,9 +1308,48 @@ impl Harness {
         self.compare()
     }
 
-    /// Every gauge and bucket, global and per tenant.
-    pub fn compare(&self) -> Result<(), String> {
+    /// Compares the real outcome `real` of polling future `i` with the model's.
+    fn resolve(&mut self, i: usize, real: Poll<Result<Permit, Rejection>>) -> Result<(), String> {
+        let id = self.futures[i].1;
+        let req = self.model.waiters[id].req;
+        let model = self.model.poll(id);
+        match (real, model) {
+            (Poll::Pending, None) => {}
+            (Poll::Ready(Ok(p)), Some(Ok(pid))) => {
+                drop(self.futures.swap_remove(i));
+                self.permits.push((p, pid));
+            }
+            (Poll::Ready(Err(r)), Some(Err(reason))) if r.reason() == reason => {
+                check_hint(&mut self.model, &req, &r, reason)?;
+                drop(self.futures.swap_remove(i));
+            }
+            (real, model) => return Err(format!("poll waiter {id}: real {real:?}, model {model:?}")),
+        }
+        Ok(())
+    }
+
+    /// Every gauge and bucket, global and per tenant; the counts, the rate bound and the fairness bound.
+    pub fn compare(&mut self) -> Result<(), String> {
         let s = self.admission.snapshot();
+        let real_counts: BTreeMap<&str, u64> = s.rejected.by_reason().into_iter().filter(|(_, n)| *n != 0).collect();
+        if real_counts != self.model.counts || s.shed != self.model.shed {
+            return Err(format!(
+                "rejection counts (and shed): real {real_counts:?} ({}), model {:?} ({})",
+                s.shed, self.model.counts, self.model.shed
+            ));
+        }
+        let m = &self.model;
+        for (what, bucket) in [("request rate", &m.requests), ("token rate", &m.tokens)] {
+            if let Some(b) = bucket {
+                b.check_window(what)?;
+            }
+        }
+        for (t, tenant) in m.tenants.iter().enumerate() {
+            if let Some(b) = &tenant.tokens {
+                b.check_window(&format!("tenant {t} token rate"))?;
+            }
+        }
+        self.model.check_fairness()?;
         let m = &self.model;
         let queued = m.waiters.iter().filter(|w| w.state == WState::Waiting).count();
         let real = (s.in_flight, s.kv_used, s.queued, s.kv_capacity, s.closed);
@@ -994,7 +1375,9 @@ impl Harness {
         }
         let global = self.admission.rate_status(None);
         let level = |b: Option<kvgate::RateStatus>| b.map(|b| b.remaining);
-        if level(global.requests) != m.requests.map(|b| b.level) || level(global.tokens) != m.tokens.map(|b| b.level) {
+        if level(global.requests) != m.requests.as_ref().map(|b| b.level)
+            || level(global.tokens) != m.tokens.as_ref().map(|b| b.level)
+        {
             return Err(format!("global buckets: real {global:?}, model {:?} {:?}", m.requests, m.tokens));
         }
         let busiest = self.admission.busiest_tenants(usize::from(TENANTS) + 1);
@@ -1006,7 +1389,7 @@ impl Harness {
             }
             if m.tokens.is_none() {
                 let real = level(self.admission.rate_status(Some(u64::from(t).into())).tokens);
-                if real != tenant.tokens.map(|b| b.level) {
+                if real != tenant.tokens.as_ref().map(|b| b.level) {
                     return Err(format!("tenant {t} token bucket: real {real:?}, model {:?}", tenant.tokens));
                 }
             }
