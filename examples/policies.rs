@@ -145,7 +145,9 @@ fn run(seed: u64, out: Option<PathBuf>) -> Result<(), String> {
                 shift_plot.push(top.clone());
                 shift_plot.push(adaptive.clone());
             }
-            rows.push(top.clone());
+            let mut row = top.clone();
+            row.gate = format!("{} (best of {})", top.gate, sweep.len());
+            rows.push(row);
             rows.push(adaptive);
             if number == 2 && pricing == Pricing::Count {
                 let oracle = oracle(&scenario).map_err(|e| e.to_string())?;
@@ -184,8 +186,12 @@ fn run(seed: u64, out: Option<PathBuf>) -> Result<(), String> {
         let report =
             run_all(&long, &[GateSpec::adaptive(pricing, long.adaptive_config())]).map_err(|e| e.to_string())?;
         let (p5, median, p95, turns) = stability(&report[0], 300.0);
+        let pricing = match pricing {
+            Pricing::Count => "count",
+            Pricing::KvBytes => "KV bytes",
+        };
         println!(
-            "| {pricing:?} | {p5:.0} / {median:.0} / {p95:.0} | {:+.0} % .. {:+.0} % | {turns:.2} |",
+            "| {pricing} | {p5:.0} / {median:.0} / {p95:.0} | {:+.0} % .. {:+.0} % | {turns:.2} |",
             100.0 * (p5 / median - 1.0),
             100.0 * (p95 / median - 1.0)
         );
