@@ -16,12 +16,12 @@
 //! 3. **A heavy user**: 200 employees, with and without one script keeping 64 long requests in flight,
 //!    behind kvgate without and with per-tenant limits.
 
-use kvgate::TenantLimits;
 use kvgate::clock::{Clock, MonotonicClock};
 use kvgate::kv::{GpuPlan, ModelSpec, WeightDtype};
 use kvgate::sim::{
     Arrivals, ClientPolicy, EngineConfig, GateSpec, HeavyUser, Profile, Report, RetryKind, Scenario, Workload, plot,
 };
+use kvgate::{TenantLimits, WaitPolicy};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -125,6 +125,7 @@ fn gates(capacity: f64) -> Vec<GateSpec> {
         GateSpec::None,
         GateSpec::count_limit(1024, queue, wait),
         GateSpec::kv_try_admit(),
+        GateSpec::kv_admit(None, queue, wait).with_wait_policy(WaitPolicy::Fifo, "kvgate admit, FIFO"),
         GateSpec::kv_admit(None, queue, wait),
         GateSpec::kv_tenants(queue, wait, TenantLimits::new().max_in_flight(8).kv_share(0.25)),
     ]
@@ -173,7 +174,7 @@ fn run(args: &Args) -> Result<(), String> {
     ] {
         let mut s = rush(&base, capacity, 2.0);
         s.name = "rush 2x, retries".into();
-        s.gate = gates(capacity).swap_remove(3);
+        s.gate = gates(capacity).swap_remove(4);
         s.client = ClientPolicy { max_tries: 100, ..ClientPolicy::new(kind) };
         retries.push(s.run().map_err(|e| e.to_string())?);
     }
@@ -182,7 +183,7 @@ fn run(args: &Args) -> Result<(), String> {
 
     // 3. A heavy user.
     let mut heavy = Vec::new();
-    for (with_script, gate) in [(false, 3), (true, 3), (false, 4), (true, 4)] {
+    for (with_script, gate) in [(false, 4), (true, 4), (false, 5), (true, 5)] {
         let mut s = base.clone();
         s.duration = Duration::from_secs(1200);
         s.workload.arrivals = Arrivals::Employees {
@@ -243,7 +244,7 @@ fn bench(base: &Scenario, capacity: f64) -> Result<(), String> {
     let mut scenario = base.clone();
     scenario.duration = Duration::from_secs(7200);
     scenario.workload.arrivals = Arrivals::Poisson { rate: 2.0 * capacity, profile: Profile::Flat, tenants: 200 };
-    scenario.gate = gates(capacity).swap_remove(3);
+    scenario.gate = gates(capacity).swap_remove(4);
     let clock = MonotonicClock::new();
     let started = clock.now_nanos();
     let report = scenario.run().map_err(|e| e.to_string())?;

@@ -27,7 +27,7 @@ use kvgate::sim::{
     AdmissionGate, AdmissionSpec, Arrivals, EngineConfig, EngineStatus, Entry, FeedbackSetup, Gate, GateSpec,
     HeavyUser, Pricing, Profile, Report, Scenario, Workload, jain_index, plot, plot::Panel,
 };
-use kvgate::{Admission, ConfigError, Fairness, Request, Reservation, TenantLimits};
+use kvgate::{Admission, ConfigError, Fairness, Request, Reservation, TenantLimits, WaitPolicy};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -337,7 +337,8 @@ fn fairness(plan: &GpuPlan, engine: &EngineConfig, seed: u64) -> Result<Vec<(Str
 /// Section 6, chat traffic at 3x, every request carrying a 2-s TTFT deadline: kvgate's queue without shedding
 /// (its wait capped at the deadline, or not) and with it, at three allowances for the engine's prefill;
 /// and `try_admit`, which never queues.
-/// Returns the reports to plot: the capped queue and shedding with a 250 ms allowance.
+/// Returns the reports to plot: the FIFO queue capped at the deadline, FIFO with shedding (250 ms allowance),
+/// and the default (controlled delay).
 fn deadlines(plan: &GpuPlan, engine: &EngineConfig, seed: u64) -> Result<Vec<Report>, ConfigError> {
     let mut scenario = Scenario::overloaded(plan.clone(), engine.clone(), 3.0, Duration::from_secs(600))?;
     scenario.seed = seed;
@@ -352,9 +353,12 @@ fn deadlines(plan: &GpuPlan, engine: &EngineConfig, seed: u64) -> Result<Vec<Rep
         GateSpec::Admission(spec) => GateSpec::Admission(Box::new(AdmissionSpec { label: label.into(), ..*spec })),
         other => other,
     };
+    let fifo = |gate: GateSpec, label: &str| gate.with_wait_policy(WaitPolicy::Fifo, label);
     let gates = [
         GateSpec::kv_try_admit(),
-        labelled(GateSpec::kv_admit(None, 256, Duration::from_secs(2)), "kvgate admit, wait capped at 2 s"),
+        fifo(GateSpec::kv_admit(None, 256, Duration::from_secs(2)), "kvgate admit, FIFO, wait capped at 2 s"),
+        fifo(GateSpec::kv_admit(None, 256, Duration::from_secs(30)), "kvgate admit, FIFO"),
+        fifo(GateSpec::kv_deadlines(256, Duration::from_secs(30), ms(250)), "kvgate admit, FIFO + deadline shedding"),
         labelled(GateSpec::kv_admit(None, 256, Duration::from_secs(30)), "kvgate admit"),
         GateSpec::kv_deadlines(256, Duration::from_secs(30), ms(0)),
         GateSpec::kv_deadlines(256, Duration::from_secs(30), ms(250)),
@@ -389,7 +393,7 @@ fn deadlines(plan: &GpuPlan, engine: &EngineConfig, seed: u64) -> Result<Vec<Rep
         );
     }
     println!();
-    Ok(vec![reports[1].clone(), reports[4].clone()])
+    Ok(vec![reports[1].clone(), reports[3].clone(), reports[4].clone()])
 }
 
 /// A count limit that knows the future: the best static limit for the chats until the shift, then the

@@ -3,7 +3,7 @@
 #![cfg(not(loom))]
 
 use kvgate::clock::ManualClock;
-use kvgate::{Admission, Admit, Rejection, Request};
+use kvgate::{Admission, Admit, Rejection, Request, WaitPolicy};
 use std::task::Poll;
 use std::time::Duration;
 use support::admission::poll_once as poll;
@@ -17,8 +17,10 @@ fn refused(fut: &mut Admit) -> Option<Rejection> {
     }
 }
 
+/// FIFO: these tests are about start deadlines alone (controlled delay ends long waits on its own).
 fn admission(clock: &ManualClock, slots: usize) -> Admission<ManualClock> {
     Admission::builder()
+        .wait_policy(WaitPolicy::Fifo)
         .max_in_flight(slots)
         .expected_hold_time(Duration::from_secs(10))
         .deadline_timer(false)
@@ -92,6 +94,7 @@ fn with_the_real_clock_a_waiter_leaves_once_its_start_is_predicted_late_not_at_i
     // deadline, and the deadline timer ends it then — counted as shed — rather than at 4 s (where it would
     // end as an ordinary timeout, not shed). Nobody calls `expire_waiters` here: the timer thread does.
     let admission = Admission::builder()
+        .wait_policy(WaitPolicy::Fifo)
         .max_in_flight(1)
         .expected_hold_time(Duration::from_secs(1))
         .max_queue_wait(Duration::from_secs(60))

@@ -2,7 +2,7 @@
 //! backlogged tenants is bounded by one request's charge; weights, lifting from idle, completion refunds.
 #![cfg(not(loom))]
 
-use kvgate::{Admission, Admit, Fairness, Permit, Request, TenantLimits};
+use kvgate::{Admission, Admit, Fairness, Permit, Request, TenantLimits, WaitPolicy};
 use proptest::prelude::*;
 use std::task::Poll;
 use support::admission::poll_once as poll;
@@ -25,6 +25,7 @@ fn next_grant(held: &mut Option<Permit>, waiting: &mut Vec<(usize, Admit)>) -> O
 /// One slot, room for 1,000 waiters, token fairness charging prompt and output alike, every tenant tracked.
 fn one_slot_token_fair() -> Admission {
     Admission::builder()
+        .wait_policy(WaitPolicy::Fifo)
         .max_in_flight(1)
         .queue_capacity(1_000)
         .fairness(Fairness::Tokens { prompt_weight: 1, output_weight: 1 })
@@ -37,6 +38,7 @@ fn one_slot_token_fair() -> Admission {
 /// backlogged; returns the weighted cost served to each.
 fn serve(weights: &[u32], sizes: &[(u32, u32)], per_tenant: usize, grants: usize) -> Vec<u64> {
     let mut builder = Admission::builder()
+        .wait_policy(WaitPolicy::Fifo)
         .max_in_flight(1)
         .queue_capacity(10_000)
         .fairness(Fairness::Tokens { prompt_weight: 1, output_weight: 1 });
@@ -90,6 +92,7 @@ fn tenants_with_twenty_times_larger_prompts_get_the_same_tokens() {
 
     // Request fairness, for contrast, serves them ~20x apart.
     let admission = Admission::builder()
+        .wait_policy(WaitPolicy::Fifo)
         .max_in_flight(1)
         .queue_capacity(10_000)
         .tenant_defaults(TenantLimits::new())

@@ -7,7 +7,9 @@
 #![cfg(not(loom))]
 
 use kvgate::clock::{Clock, ManualClock};
-use kvgate::{Admission, AdmissionBuilder, Admit, Limit, Permit, Priority, Rejection, Request, TenantId, TenantLimits};
+use kvgate::{
+    Admission, AdmissionBuilder, Admit, Limit, Permit, Priority, Rejection, Request, TenantId, TenantLimits, WaitPolicy,
+};
 use std::future::Future;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::pin::Pin;
@@ -23,7 +25,8 @@ const SECOND: u64 = 1_000_000_000;
 
 fn manual() -> (ManualClock, AdmissionBuilder<ManualClock>) {
     let clock = ManualClock::starting_at(1_000 * SECOND);
-    let builder = Admission::builder().deadline_timer(false).clock(clock.clone());
+    // FIFO: the review's cases are about the FIFO guarantees (controlled delay has its own tests).
+    let builder = Admission::builder().wait_policy(WaitPolicy::Fifo).deadline_timer(false).clock(clock.clone());
     (clock, builder)
 }
 

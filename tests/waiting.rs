@@ -4,7 +4,7 @@
 
 use futures::FutureExt;
 use kvgate::clock::ManualClock;
-use kvgate::{Admission, Priority, Rejection, Request};
+use kvgate::{Admission, Priority, Rejection, Request, WaitPolicy};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll, Wake, Waker};
@@ -246,6 +246,7 @@ fn blocking_admission_waits_and_times_out() {
 fn manual_clock_expiry_is_deterministic() {
     let clock = ManualClock::new();
     let a = Admission::builder()
+        .wait_policy(WaitPolicy::Fifo)
         .max_in_flight(1)
         .max_queue_wait(Duration::from_secs(10))
         .clock(clock.clone())

@@ -8,6 +8,7 @@ use super::handle::Admission;
 use super::rates::Rates;
 use super::reservation::{Reservation, ReservationState};
 use super::tenant::{TenantConfig, TenantId, TenantLimits, TenantRegistry};
+use super::wait_policy::WaitPolicy;
 use crate::clock::{Clock, MonotonicClock};
 use crate::error::ConfigError;
 use crate::kv::{GpuPlan, KvDtype, ModelSpec};
@@ -59,6 +60,7 @@ pub struct AdmissionBuilder<C: Clock = MonotonicClock> {
     expected_hold: Duration,
     max_prefixes: Option<usize>,
     fairness: Fairness,
+    wait_policy: WaitPolicy,
     tenants: Option<TenantConfig>,
     clock: C,
 }
@@ -79,6 +81,7 @@ impl Default for AdmissionBuilder<MonotonicClock> {
             expected_hold: DEFAULT_EXPECTED_HOLD_TIME,
             max_prefixes: None,
             fairness: Fairness::Requests,
+            wait_policy: WaitPolicy::controlled_delay(),
             tenants: None,
             clock: MonotonicClock::new(),
         }
@@ -181,6 +184,15 @@ impl<C: Clock> AdmissionBuilder<C> {
         self
     }
 
+    /// How the waiting room orders and bounds waits (default [`WaitPolicy::controlled_delay`]: FIFO while
+    /// the queue drains; newest first and at most 500 ms of waiting once it has not been empty for a
+    /// second). [`WaitPolicy::Fifo`] keeps first-in first-out with the full wait under any load. See
+    /// [`WaitPolicy`].
+    pub fn wait_policy(mut self, policy: WaitPolicy) -> Self {
+        self.wait_policy = policy;
+        self
+    }
+
     fn tenant_config(&mut self) -> &mut TenantConfig {
         self.tenants.get_or_insert_with(TenantConfig::new)
     }
@@ -236,6 +248,7 @@ impl<C: Clock> AdmissionBuilder<C> {
             expected_hold: self.expected_hold,
             max_prefixes: self.max_prefixes,
             fairness: self.fairness,
+            wait_policy: self.wait_policy,
             tenants: self.tenants,
             clock,
         }
@@ -385,6 +398,7 @@ impl<C: Clock> AdmissionBuilder<C> {
             return Err(ConfigError::Zero { what: "expected_hold_time" });
         }
         self.fairness.validate()?;
+        self.wait_policy.validate()?;
         if self.max_prefixes == Some(0) {
             return Err(ConfigError::Zero { what: "prefix_sharing's max_prefixes" });
         }
@@ -413,6 +427,7 @@ impl<C: Clock> AdmissionBuilder<C> {
                     self.deadline_timer,
                     self.max_prefixes.unwrap_or(0),
                     matches!(self.fairness, Fairness::Tokens { .. }),
+                    self.wait_policy.delay(),
                     {
                         let clock = self.clock.clone();
                         super::dispatcher::ClockFn(Box::new(move || clock.now_nanos()))

@@ -7,6 +7,7 @@ use super::fairness::ServiceLevels;
 use super::rejection::Rejection;
 use super::stats::{Stats, capacity_hint};
 use super::tenant::TenantHandle;
+use super::wait_policy::Delay;
 use crate::sync::CachePadded;
 use std::time::Duration;
 
@@ -40,12 +41,13 @@ impl Core {
         deadline_timer: bool,
         max_prefixes: usize,
         token_fairness: bool,
+        delay: Option<Delay>,
         now: ClockFn,
     ) -> Self {
         Self {
             hot: CachePadded(Hot { capacity: Capacity::new(max_in_flight), kv_limit: KvLimit::new(kv_capacity) }),
             stats: Stats::new(expected_hold),
-            dispatcher: Dispatcher::new(queue_capacity, max_prefixes, token_fairness),
+            dispatcher: Dispatcher::new(queue_capacity, max_prefixes, token_fairness, delay),
             timer: Timer::new(deadline_timer),
             levels: ServiceLevels::default(),
             now,

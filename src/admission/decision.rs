@@ -421,7 +421,7 @@ impl<C: Clock> Shared<C> {
                 let now = self.clock.now_nanos();
                 Attempt::Granted(Permit::granted(this(), request, held, charges, tenant, now))
             }
-            Ok(Enqueued::Waiting { key, deadline_added, held }) => Attempt::Queued(Ticket {
+            Ok(Enqueued::Waiting { key, deadline_added, held, deadline }) => Attempt::Queued(Ticket {
                 key,
                 held,
                 charges,

@@ -16,6 +16,7 @@
 //! | `capacity.rs` | the capacity words: slots and KV with held-back and closed bits (no lost wake-up) |
 //! | `dispatcher/` | the waiting room: fair queues, waiter states, wake-ups after the lock, deadlines |
 //! | `fairness.rs` | the fairness policy: requests (weighted round-robin) or tokens (virtual counters) |
+//! | `wait_policy.rs` | how waits are ordered and bounded: FIFO, or controlled delay (adaptive LIFO while a queue stands) |
 //! | `tenant/` | tenant ids, limits, state and the bounded registry |
 //! | `reservation.rs`, `cost.rs` | how much KV a request reserves, in tokens or bytes |
 //! | `prefix.rs` | shared prompt prefixes charged once while held, in a bounded table |
@@ -57,6 +58,7 @@ mod reservation;
 mod snapshot;
 mod stats;
 mod tenant;
+mod wait_policy;
 
 pub use admit::Admit;
 pub use builder::{AdmissionBuilder, DEFAULT_EXPECTED_HOLD_TIME, DEFAULT_QUEUE_CAPACITY};
@@ -70,6 +72,7 @@ pub use request::{Priority, Request};
 pub use reservation::Reservation;
 pub use snapshot::{RejectionCounts, Snapshot};
 pub use tenant::{DEFAULT_MAX_TENANTS, DEFAULT_TENANT_IDLE_TIMEOUT, TenantId, TenantLimits};
+pub use wait_policy::{DEFAULT_DELAY_INTERVAL, DEFAULT_DELAY_TARGET, WaitPolicy};
 
 #[cfg(feature = "metrics")]
 pub(crate) use rejection::with_rejection_reasons;

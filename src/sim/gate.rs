@@ -188,11 +188,13 @@ impl Gate for AdmissionGate {
     }
 
     fn control_interval(&self) -> Option<Duration> {
-        (self.wait && self.deadline_shedding.is_some()).then_some(EXPIRE_EVERY)
+        // As the deadline timer of a server: waits that ended early (deadline shedding, a standing queue's
+        // over-age waiters) leave between releases too.
+        self.wait.then_some(EXPIRE_EVERY)
     }
 
     fn control(&mut self, _now: Duration, _engine: &EngineStatus) {
-        if self.deadline_shedding.is_some() {
+        if self.wait {
             self.admission.expire_waiters();
         }
     }

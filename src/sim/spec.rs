@@ -11,7 +11,7 @@ use super::policy_gate::{FeedbackSetup, PolicyGate};
 use crate::adaptive::{AdaptiveConcurrency, AdaptiveConfig};
 use crate::error::ConfigError;
 use crate::feedback::EngineFeedback;
-use crate::{Admission, Fairness, Reservation, TenantLimits};
+use crate::{Admission, Fairness, Reservation, TenantLimits, WaitPolicy};
 use std::time::Duration;
 
 /// What an [`Admission`] gate counts against its budget.
@@ -67,6 +67,9 @@ pub struct AdmissionSpec {
     /// engine's own time to the first token (its prefill); a request predicted to miss it is refused at
     /// once, a waiter leaves once it can no longer make it. `None`: the gate ignores deadlines.
     pub deadline_shedding: Option<Duration>,
+    /// How the waiting room orders and bounds waits (with `wait`): the admission's default, controlled
+    /// delay, or [`WaitPolicy::Fifo`].
+    pub wait_policy: WaitPolicy,
 }
 
 impl AdmissionSpec {
@@ -95,6 +98,9 @@ impl AdmissionSpec {
             fairness: Fairness::Requests,
             tenant_limits: Vec::new(),
             deadline_shedding: None,
+            // A static setting's queue is first-in first-out, as a proxy's is; `kv_admit` and what builds on
+            // it take the admission's default.
+            wait_policy: WaitPolicy::Fifo,
         }
     }
 
@@ -175,14 +181,36 @@ impl GateSpec {
         GateSpec::Admission(Box::new(AdmissionSpec::basic("kvgate try_admit", Pricing::KvBytes, None, None)))
     }
 
-    /// kvgate `admit` pricing KV bytes, with a queue of `queue` waiting at most `max_wait`.
+    /// kvgate `admit` pricing KV bytes, with a queue of `queue` waiting at most `max_wait`, under the
+    /// admission's default [`WaitPolicy`] (controlled delay).
     pub fn kv_admit(max_in_flight: Option<usize>, queue: usize, max_wait: Duration) -> Self {
-        GateSpec::Admission(Box::new(AdmissionSpec::basic(
-            "kvgate admit",
-            Pricing::KvBytes,
-            max_in_flight,
-            Some((queue, max_wait)),
-        )))
+        GateSpec::Admission(Box::new(AdmissionSpec {
+            wait_policy: WaitPolicy::default(),
+            ..AdmissionSpec::basic("kvgate admit", Pricing::KvBytes, max_in_flight, Some((queue, max_wait)))
+        }))
+    }
+
+    /// This gate with its waiting room under `policy`, labelled `label` (no change for
+    /// [`GateSpec::None`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use kvgate::WaitPolicy;
+    /// use kvgate::sim::GateSpec;
+    /// use std::time::Duration;
+    ///
+    /// let fifo = GateSpec::kv_admit(None, 64, Duration::from_secs(1)).with_wait_policy(WaitPolicy::Fifo, "kvgate admit, FIFO");
+    /// assert_eq!(fifo.label(), "kvgate admit, FIFO");
+    /// ```
+    #[must_use]
+    pub fn with_wait_policy(self, policy: WaitPolicy, label: impl Into<String>) -> Self {
+        match self {
+            GateSpec::None => GateSpec::None,
+            GateSpec::Admission(spec) => {
+                GateSpec::Admission(Box::new(AdmissionSpec { wait_policy: policy, label: label.into(), ..*spec }))
+            }
+        }
     }
 
     /// [`kv_admit`](Self::kv_admit) with every employee (and the heavy user) a tenant under `limits`.
@@ -210,6 +238,9 @@ impl GateSpec {
     /// let gate = GateSpec::kv_fairness(Fairness::tokens(), 1024, Duration::from_secs(60));
     /// assert_eq!(gate.label(), "KV + token fairness");
     /// ```
+    ///
+    /// Its waiting room is FIFO: backlogged tenants wait as long as it takes, so that what each is served
+    /// shows the fairness policy alone (controlled delay keeps the order between tenants the same).
     pub fn kv_fairness(fairness: Fairness, queue: usize, max_wait: Duration) -> Self {
         let GateSpec::Admission(spec) = Self::kv_tenants(queue, max_wait, TenantLimits::new()) else {
             unreachable!("kv_tenants builds an admission spec")
@@ -218,7 +249,12 @@ impl GateSpec {
             Fairness::Requests => "KV + request fairness",
             Fairness::Tokens { .. } => "KV + token fairness",
         };
-        GateSpec::Admission(Box::new(AdmissionSpec { label: label.into(), fairness, ..*spec }))
+        GateSpec::Admission(Box::new(AdmissionSpec {
+            label: label.into(),
+            fairness,
+            wait_policy: WaitPolicy::Fifo,
+            ..*spec
+        }))
     }
 
     /// [`kv_admit`](Self::kv_admit) with deadline-aware shedding: each request's TTFT deadline, less
@@ -349,7 +385,7 @@ impl GateSpec {
         if let Some((rate, burst)) = spec.request_rate {
             builder = builder.request_rate(rate, burst);
         }
-        builder = builder.reservation(spec.reservation).fairness(spec.fairness);
+        builder = builder.reservation(spec.reservation).fairness(spec.fairness).wait_policy(spec.wait_policy);
         if let Some(limits) = &spec.tenants {
             builder = builder.tenant_defaults(limits.clone());
         }

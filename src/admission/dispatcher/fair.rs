@@ -211,11 +211,23 @@ impl FairQueue {
         best
     }
 
-    /// The next waiter to serve: `(flow, waiter index)` of the next flow's oldest waiter — the ring's front,
-    /// or (token fairness) the eligible flow with the smallest counter.
-    pub(crate) fn head(&self) -> Option<(u32, u32)> {
+    /// The next waiter to serve: `(flow, waiter index)` of the next flow — the ring's front, or (token
+    /// fairness) the eligible flow with the smallest counter — and its oldest waiter, or its newest when
+    /// `newest_first` (controlled delay, while the queue stands).
+    pub(crate) fn head(&self, newest_first: bool) -> Option<(u32, u32)> {
         let id = if self.tokens { self.min_counter()?.0 } else { self.ring_head? };
-        Some((id, self.flow(id).head.expect("a flow in the ring has waiters")))
+        let flow = self.flow(id);
+        Some((id, if newest_first { flow.tail } else { flow.head }.expect("a flow in the ring has waiters")))
+    }
+
+    /// Flow ids in use are below this (for a scan of every flow).
+    pub(crate) fn flow_slots(&self) -> u32 {
+        self.flows.len() as u32
+    }
+
+    /// The oldest waiter of flow slot `id`, if a flow with waiters lives there (parked or not).
+    pub(crate) fn oldest(&self, id: u32) -> Option<u32> {
+        self.flows.get(id as usize)?.as_ref()?.head
     }
 
     /// Unlinks waiter `index` (granted, cancelled, timed out, closed, too large) from its flow. Frees the
@@ -305,6 +317,15 @@ impl FairQueue {
             .map(|f| (f.len, f.tail.expect("a live flow has waiters")))
     }
 
+    /// The flow with the most waiters (as [`longest`](Self::longest)): its length and its oldest waiter.
+    pub(crate) fn longest_oldest(&self) -> Option<(usize, u32)> {
+        self.flows
+            .iter()
+            .flatten()
+            .max_by_key(|f| (f.len, std::cmp::Reverse(f.key)))
+            .map(|f| (f.len, f.head.expect("a live flow has waiters")))
+    }
+
     /// The flows parked now, by key (anonymous first, then tenants by id): the order they go back into
     /// the ring when every one of them is unparked.
     pub(crate) fn parked_flows(&self) -> Vec<u32> {
@@ -392,7 +413,7 @@ mod tests {
         assert!(!q.push(&mut slab, a2, a, None, 0));
         assert!(q.push(&mut slab, b1, b, None, 0));
         let mut order = Vec::new();
-        while let Some((flow, index)) = q.head() {
+        while let Some((flow, index)) = q.head(false) {
             order.push(index);
             q.count_grant(flow, 0);
             q.remove(&mut slab, index);
@@ -410,16 +431,16 @@ mod tests {
         let b1 = waiter(&mut slab);
         q.push(&mut slab, a1, a, None, 0);
         q.push(&mut slab, b1, b, None, 0);
-        let front = q.head().unwrap().0;
+        let front = q.head(false).unwrap().0;
         q.park(front);
-        assert_eq!(q.head().map(|h| h.1), Some(b1));
+        assert_eq!(q.head(false).map(|h| h.1), Some(b1));
         let left = q.remove(&mut slab, b1);
         assert!(left.emptied && !left.was_parked);
         assert!(q.ring_is_empty());
         let id = q.find(a).unwrap();
         assert!(q.unpark(id, 0));
         assert!(!q.unpark(id, 0));
-        assert_eq!(q.head().map(|h| h.1), Some(a1));
+        assert_eq!(q.head(false).map(|h| h.1), Some(a1));
         // TenantId(0) and "no tenant" are different flows.
         assert_ne!(q.find(a), q.find(b));
     }
@@ -436,7 +457,7 @@ mod tests {
         q.remove(&mut slab, w[1]);
         q.remove(&mut slab, w[3]);
         let mut order = Vec::new();
-        while let Some((flow, index)) = q.head() {
+        while let Some((flow, index)) = q.head(false) {
             order.push(index);
             q.count_grant(flow, 0);
             q.remove(&mut slab, index);

@@ -34,6 +34,7 @@ use crate::admission::fairness::ServiceLevels;
 use crate::admission::prefix::{PrefixId, PrefixTable, Sharing, Split};
 use crate::admission::stats::{Load, Stats, capacity_hint};
 use crate::admission::tenant::{FlowKey, TenantHandle};
+use crate::admission::wait_policy::Delay;
 use crate::admission::{Limit, Rejection};
 use crate::sync::{self, AtomicU64, AtomicUsize, Mutex, MutexGuard, Ordering};
 use std::sync::Arc;
@@ -44,6 +45,10 @@ use std::task::Waker;
 /// is due, and the timer thread sleeps until the next *due* deadline otherwise. The overload lab's gate
 /// runs `expire_waiters` at the same interval.
 pub(crate) const START_DEADLINE_RECHECK: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// How many older waiters of its flow a standing queue tries when its newest does not fit (controlled
+/// delay's first fit: bounded work per pass).
+const FIRST_FIT_LOOKS: usize = 8;
 
 /// An admission's clock reading, without the clock's type.
 pub(crate) struct ClockFn(pub(crate) Box<dyn Fn() -> u64 + Send + Sync>);
@@ -99,8 +104,9 @@ pub(crate) struct NewWaiter {
 #[derive(Debug)]
 pub(crate) enum Enqueued {
     /// Queued; its owner polls with this key. `earliest_deadline` says the deadline it registered is
-    /// now the earliest (the caller wakes the timer thread).
-    Waiting { key: WaiterKey, deadline_added: Option<bool>, held: Held },
+    /// now the earliest (the caller wakes the timer thread). `deadline` is the one it waits with: its own,
+    /// or shorter when its class's queue stands (controlled delay).
+    Waiting { key: WaiterKey, deadline_added: Option<bool>, held: Held, deadline: u64 },
     /// Granted by the enqueue's own pass: capacity is reserved, the entry is gone.
     Granted(Held),
 }
@@ -123,6 +129,9 @@ pub(crate) enum Outcome {
 
 #[derive(Debug)]
 struct Room {
+    /// Since when each class's queue has held a waiter (controlled delay: it stands after `interval`);
+    /// `None` while it is empty.
+    nonempty_since: [Option<u64>; Priority::COUNT],
     waiters: Slab,
     prefixes: PrefixTable,
     classes: [FairQueue; Priority::COUNT],
@@ -146,10 +155,12 @@ pub(crate) struct Dispatcher {
     /// Waiters with a deadline (written under the lock): a pass needs the time only when there are some.
     timed: AtomicUsize,
     queue_capacity: usize,
+    /// Controlled delay's parameters (`None`: FIFO with the full wait).
+    delay: Option<Delay>,
 }
 
 impl Dispatcher {
-    pub(crate) fn new(queue_capacity: usize, max_prefixes: usize, token_fairness: bool) -> Self {
+    pub(crate) fn new(queue_capacity: usize, max_prefixes: usize, token_fairness: bool, delay: Option<Delay>) -> Self {
         Self {
             room: Mutex::new(Room {
                 waiters: Slab::default(),
@@ -158,12 +169,14 @@ impl Dispatcher {
                 held_back: [false; Priority::COUNT],
                 deadlines: Deadlines::default(),
                 start_deadlines: 0,
+                nonempty_since: [None; Priority::COUNT],
                 closed: false,
             }),
             queued: std::array::from_fn(|_| AtomicUsize::new(0)),
             queued_kv: std::array::from_fn(|_| AtomicU64::new(0)),
             timed: AtomicUsize::new(0),
             queue_capacity,
+            delay,
         }
     }
 
@@ -208,6 +221,25 @@ impl Dispatcher {
         let flow_key = new.tenant.as_ref().map_or(FlowKey::Anonymous, |t| t.core().flow);
         fits(res, new.kv, new.split.map_or(new.kv, |s| s.alone), new.tenant.as_deref())?;
         let mut displaced = false;
+        let standing = self.delay.is_some_and(|delay| delay.stands(room.nonempty_since[class], now));
+        if self.queued_in(class) >= self.queue_capacity && self.queue_capacity > 0 && standing {
+            // Controlled delay, a standing queue: the new request takes the place of the oldest waiter of
+            // the longest flow (its own on a tie) — the one least likely to be served in time — which is
+            // told when a slot is expected.
+            let own = room.classes[class].len_of(flow_key);
+            let victim = match room.classes[class].longest_oldest() {
+                Some((longest, oldest)) if longest > own => Some(oldest),
+                _ => room.classes[class].find(flow_key).and_then(|id| room.classes[class].oldest(id)),
+            };
+            if let Some(victim) = victim {
+                let retry_after = room.shed_hint(res, self, class);
+                res.stats.count_shed(1);
+                if let Some(wake) = room.leave(res, self, victim, WaitState::Shed { retry_after }) {
+                    wakes.push(wake);
+                }
+                displaced = true;
+            }
+        }
         if self.queued_in(class) >= self.queue_capacity {
             let hint = capacity_hint(res.stats.hold.mean(), res.capacity.slots_used(), self.queued_in(class));
             // Longest queue drop: the newest waiter of the flow with the most waiters gives its place to a
@@ -228,7 +260,17 @@ impl Dispatcher {
             Some((Sharing::Alone, split)) => Held { kv: split.alone, prefix: None, saved: 0 },
             None => Held { kv: new.kv, prefix: None, saved: 0 },
         };
-        let mut waiter = Waiter::new(class, held.kv, new.deadline, new.notify);
+        // Controlled delay: a class whose queue stands gives a new arrival `target` of waiting at most.
+        let (deadline, policy_deadline) = match self.delay {
+            Some(delay) if delay.stands(room.nonempty_since[class], now) => {
+                let target = now.saturating_add(delay.target);
+                (new.deadline.min(target), target < new.deadline)
+            }
+            _ => (new.deadline, false),
+        };
+        let mut waiter = Waiter::new(class, held.kv, deadline, new.notify);
+        waiter.queued_at = now;
+        waiter.policy_deadline = policy_deadline;
         waiter.prefix = held.prefix;
         waiter.saving = new.split.filter(|_| held.prefix.is_some()).map_or(0, |s| s.saving());
         waiter.cost = new.cost;
@@ -241,8 +283,11 @@ impl Dispatcher {
             // Invariant 1: the bit before any attempt to grant.
             room.hold_back(res, class);
         }
-        self.count(class, new.tenant.as_deref(), 1, held.kv, new.deadline);
-        let deadline_added = (new.deadline != u64::MAX).then(|| room.deadlines.push(new.deadline, key));
+        self.count(class, new.tenant.as_deref(), 1, held.kv, deadline);
+        if room.nonempty_since[class].is_none() {
+            room.nonempty_since[class] = Some(now);
+        }
+        let deadline_added = (deadline != u64::MAX).then(|| room.deadlines.push(deadline, key));
         if deadline_added.is_some() {
             let Room { waiters, deadlines, .. } = &mut *room;
             deadlines.compact_if_grown(|k| waiters.lookup(k).is_some_and(|w| w.state == WaitState::Waiting));
@@ -258,7 +303,7 @@ impl Dispatcher {
         let granted = key.granted();
         drop(room);
         self.wake(res, &mut wakes);
-        Ok(if granted { Enqueued::Granted(held) } else { Enqueued::Waiting { key, deadline_added, held } })
+        Ok(if granted { Enqueued::Granted(held) } else { Enqueued::Waiting { key, deadline_added, held, deadline } })
     }
 
     /// Looks at a waiter for its owner: `None` while it waits (after registering `waker`), or how its
@@ -285,11 +330,12 @@ impl Dispatcher {
                     return None;
                 }
                 WaitState::Waiting => {
-                    outside.wake = room.leave(res, self, key.index(), WaitState::TimedOut);
+                    let ended = room.past_deadline(res, self, key.index());
+                    outside.wake = room.leave(res, self, key.index(), ended);
                     // It may have been the head holding others back.
                     room = self.run_passes(res, room, &mut wakes, now);
                     outside.waiter = Some(room.waiters.remove(key.index()));
-                    Outcome::Ended(Rejection::TimedOut)
+                    outcome_of(ended)
                 }
                 state => {
                     let outcome = outcome_of(state);
@@ -513,7 +559,8 @@ impl Dispatcher {
                 room = sync::lock(&self.room);
             }
             if room.waiters.lookup(key).is_some_and(|w| w.state == WaitState::Waiting) {
-                if let Some(wake) = room.leave(res, self, key.index(), WaitState::TimedOut) {
+                let to = room.past_deadline(res, self, key.index());
+                if let Some(wake) = room.leave(res, self, key.index(), to) {
                     wakes.push(wake);
                 }
                 ended += 1;
@@ -546,10 +593,27 @@ impl Dispatcher {
             res.stats.count_shed(1);
             ended += 1;
         }
+        // Controlled delay: a standing class's waiters that have waited `target` leave.
+        let standing =
+            self.delay.filter(|delay| (0..Priority::COUNT).any(|c| delay.stands(room.nonempty_since[c], now)));
+        if standing.is_some() {
+            for class in 0..Priority::COUNT {
+                while room.shed_over_age(res, self, class, &mut wakes, now, &mut ended) {
+                    drop(room);
+                    self.wake(res, &mut wakes);
+                    room = sync::lock(&self.room);
+                }
+            }
+        }
         if ended != 0 {
             room = self.run_passes(res, room, &mut wakes, now);
         }
         let mut next = room.deadlines.next();
+        if let Some(delay) = standing {
+            // Over-age waiters of a standing queue leave within `target` of their age passing it.
+            let recheck = now.saturating_add(delay.target / 2);
+            next = Some(next.map_or(recheck, |due| due.min(recheck)));
+        }
         if room.start_deadlines != 0 {
             // A start deadline can become unreachable before it is due: look again soon.
             let recheck = now.saturating_add(duration_nanos(START_DEADLINE_RECHECK));
@@ -561,10 +625,10 @@ impl Dispatcher {
     }
 
     /// The time a pass runs at: the clock, read before the lock is taken, when some waiter has a deadline
-    /// (0 otherwise, which ends nobody). A waiter queued after the reading is not ended by that pass, as
-    /// if the pass had run before it queued.
+    /// or the policy is controlled delay (0 otherwise, which ends nobody and finds no queue standing). A
+    /// waiter queued after the reading is not ended by that pass, as if the pass had run before it queued.
     fn pass_time(&self, res: Resources<'_>) -> u64 {
-        if self.timed.load(Ordering::Relaxed) == 0 { 0 } else { (res.now.0)() }
+        if self.timed.load(Ordering::Relaxed) == 0 && self.delay.is_none() { 0 } else { (res.now.0)() }
     }
 
     /// Runs passes at `now` until one completes, releasing the lock to wake each full batch.
@@ -695,6 +759,7 @@ fn outcome_of(state: WaitState) -> Outcome {
             Outcome::Ended(Rejection::TooLarge { limit, requested, capacity })
         }
         WaitState::Displaced { retry_after } => Outcome::Ended(Rejection::QueueFull { retry_after }),
+        WaitState::Shed { retry_after } => Outcome::Ended(Rejection::NoCapacity { retry_after }),
     }
 }
 
@@ -738,6 +803,9 @@ impl Room {
         }
         let (kv, deadline) = (self.waiters.get(index).kv, self.waiters.get(index).deadline);
         d.count(class, tenant.as_deref(), -1, kv, deadline);
+        if d.queued_in(class) == 0 {
+            self.nonempty_since[class] = None;
+        }
         self.start_deadlines -= usize::from(self.waiters.get(index).start_deadline);
         if self.classes[class].ring_is_empty() {
             self.clear_held_back(res, class);
@@ -777,6 +845,82 @@ impl Room {
         }
     }
 
+    /// How a `Waiting` waiter whose deadline passed ends: `TimedOut`, or shed (counted) when the deadline was
+    /// controlled delay's `target`.
+    fn past_deadline(&self, res: Resources<'_>, d: &Dispatcher, index: u32) -> WaitState {
+        let waiter = self.waiters.get(index);
+        if !waiter.policy_deadline {
+            return WaitState::TimedOut;
+        }
+        res.stats.count_shed(1);
+        WaitState::Shed { retry_after: self.shed_hint(res, d, waiter.class) }
+    }
+
+    /// The `Retry-After` of a waiter shed by controlled delay: when a slot is expected for a new request
+    /// behind the class's waiters.
+    fn shed_hint(&self, res: Resources<'_>, d: &Dispatcher, class: usize) -> std::time::Duration {
+        let _ = (d, class);
+        capacity_hint(res.stats.hold.mean(), res.capacity.slots_used(), 0)
+    }
+
+    /// Controlled delay, a standing queue whose chosen waiter `index` (of a flow without a tenant) does not
+    /// fit the global capacity: the next older waiters of its flow, at most [`FIRST_FIT_LOOKS`] of them,
+    /// are tried in turn; the first that fits has its capacity taken and is returned. Waiters past their
+    /// deadline are skipped (a later pass ends them).
+    fn first_fit(&self, res: Resources<'_>, index: u32, budget: u64, credit: &mut Credit, now: u64) -> Option<u32> {
+        let mut candidate = self.waiters.get(index).prev;
+        for _ in 0..FIRST_FIT_LOOKS {
+            let c = candidate?;
+            let w = self.waiters.get(c);
+            candidate = w.prev;
+            if w.deadline != u64::MAX && w.deadline <= now {
+                continue;
+            }
+            let need = w.prefix.map_or(w.kv, |id| self.prefixes.waiter_need(id, w.kv));
+            match res.capacity.try_take_for_waiter_with(need, budget, credit) {
+                Ok(()) => return Some(c),
+                Err(refused) if refused.shortage == Shortage::Full => {}
+                Err(_) => return None,
+            }
+        }
+        None
+    }
+
+    /// Controlled delay: if class `class`'s queue stands, ends (`TimedOut`, counted as shed) every waiter
+    /// of it that has waited `target` or longer, from the oldest end of each flow (flows in slot order),
+    /// adding them to `ended`. Returns true if it stopped because `wakes` is full (call it again after
+    /// waking them).
+    fn shed_over_age(
+        &mut self,
+        res: Resources<'_>,
+        d: &Dispatcher,
+        class: usize,
+        wakes: &mut WakeList,
+        now: u64,
+        ended: &mut usize,
+    ) -> bool {
+        let Some(delay) = d.delay.filter(|delay| delay.stands(self.nonempty_since[class], now)) else {
+            return false;
+        };
+        for flow in 0..self.classes[class].flow_slots() {
+            while let Some(oldest) = self.classes[class].oldest(flow) {
+                if now.saturating_sub(self.waiters.get(oldest).queued_at) < delay.target {
+                    break;
+                }
+                if wakes.is_full() {
+                    return true;
+                }
+                let retry_after = self.shed_hint(res, d, class);
+                if let Some(wake) = self.leave(res, d, oldest, WaitState::Shed { retry_after }) {
+                    wakes.push(wake);
+                }
+                res.stats.count_shed(1);
+                *ended += 1;
+            }
+        }
+        false
+    }
+
     /// One pass at `now`: grant waiters in priority order — fairly across flows within a class, in arrival
     /// order within a flow — while capacity lasts; a head whose deadline is at or before `now` ends
     /// `TimedOut` instead of being granted. Returns true if it stopped because `wakes` is full (run it
@@ -795,21 +939,26 @@ impl Room {
         let budget = res.kv_limit.get();
         for priority in Priority::HIGHEST_FIRST {
             let class = priority.index();
+            let standing = d.delay.is_some_and(|delay| delay.stands(self.nonempty_since[class], now));
             loop {
-                let Some((flow, index)) = self.classes[class].head() else {
+                // A standing queue serves the newest of the chosen flow first (adaptive LIFO).
+                let Some((flow, mut index)) = self.classes[class].head(standing) else {
                     self.clear_held_back(res, class);
                     break;
                 };
                 if wakes.is_full() {
                     return true;
                 }
-                let (kv, prefix, saving, cost, deadline, start_deadline) = {
+                let (mut kv, mut prefix, mut saving, mut cost, mut deadline, mut start_deadline) = {
                     let w = self.waiters.get(index);
                     (w.kv, w.prefix, w.saving, w.cost, w.deadline, w.start_deadline)
                 };
-                if deadline <= now {
-                    // Past its deadline: it is not granted (its owner, polling, sees `TimedOut`).
-                    if let Some(wake) = self.leave(res, d, index, WaitState::TimedOut) {
+                if deadline != u64::MAX && deadline <= now {
+                    // Past its deadline: it is not granted (its owner, polling, sees `TimedOut`, or
+                    // `NoCapacity` for controlled delay's). A waiter without one (`u64::MAX`) waits even on a
+                    // clock at its end.
+                    let to = self.past_deadline(res, d, index);
+                    if let Some(wake) = self.leave(res, d, index, to) {
                         wakes.push(wake);
                     }
                     continue;
@@ -830,16 +979,28 @@ impl Room {
                         core.capacity.clear_held_back(class);
                     }
                 }
-                if res.capacity.try_take_for_waiter_with(need, budget, credit).is_err() {
+                if let Err(refused) = res.capacity.try_take_for_waiter_with(need, budget, credit) {
                     if let Some(core) = self.classes[class].tenant(flow).map(|t| t.core()) {
                         // Taken and given back under the lock: no parking decision saw the difference,
                         // so the tenant's parked flows (if any) stay parked.
                         let _ = core.capacity.release(core.kv_units(kv));
                     }
-                    // Global capacity is short (or closed): nobody passes this head.
-                    return false;
+                    // Global capacity is short (or closed): nobody passes this head — except, in a standing
+                    // queue (already out of arrival order), a smaller waiter of the same flow that fits.
+                    let alternative = match (standing, tenant.is_some(), refused.shortage) {
+                        (true, false, Shortage::Full) => self.first_fit(res, index, budget, credit, now),
+                        _ => None,
+                    };
+                    let Some(fit) = alternative else { return false };
+                    index = fit;
+                    let w = self.waiters.get(index);
+                    (kv, prefix, saving, cost, deadline, start_deadline) =
+                        (w.kv, w.prefix, w.saving, w.cost, w.deadline, w.start_deadline);
                 }
                 d.count(class, self.classes[class].tenant(flow).map(|t| t.as_ref()), -1, kv, deadline);
+                if d.queued_in(class) == 0 {
+                    self.nonempty_since[class] = None;
+                }
                 self.start_deadlines -= usize::from(start_deadline);
                 if let Some(id) = prefix {
                     if self.prefixes.stop_waiting(id, true) {

@@ -48,6 +48,8 @@ pub(crate) enum WaitState {
     /// Its class's waiting room was full and it was the newest waiter of the longest flow: a request of a
     /// shorter flow took its place.
     Displaced { retry_after: std::time::Duration },
+    /// Controlled delay: it waited `target` in a standing queue (`NoCapacity` with the capacity estimate).
+    Shed { retry_after: std::time::Duration },
 }
 
 /// How to wake a waiter's owner.
@@ -126,6 +128,11 @@ pub(crate) struct Waiter {
     /// Neighbours in its flow's queue (older, newer).
     pub(crate) prev: Option<u32>,
     pub(crate) next: Option<u32>,
+    /// When it queued, in clock nanoseconds (0 when the waiting room reads no clock).
+    pub(crate) queued_at: u64,
+    /// Its deadline is controlled delay's `target` (it queued while its class stood), not a limit of its
+    /// own: reaching it is a shed, not a timeout.
+    pub(crate) policy_deadline: bool,
     /// Clock reading after which the wait ends (`u64::MAX`: never).
     pub(crate) deadline: u64,
     pub(crate) notify: Notify,
@@ -145,6 +152,8 @@ impl Waiter {
             prev: None,
             next: None,
             deadline,
+            queued_at: 0,
+            policy_deadline: false,
             notify,
         }
     }

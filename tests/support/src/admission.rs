@@ -85,6 +85,7 @@ impl Config {
             .kv_capacity_tokens(self.kv_capacity)
             .queue_capacity(self.queue_capacity)
             .deadline_timer(false)
+            .wait_policy(kvgate::WaitPolicy::Fifo)
             .clock(clock.clone());
         if let Some((per_ms, burst)) = self.request_rate {
             b = b.request_rate(per_ms as f64 * 1000.0, burst as u32);
