@@ -206,10 +206,11 @@ fn clock_jumping_backwards_grants_nothing_extra_and_recovers() {
     }
     let at_start = rate_limited(&a);
     assert_eq!(at_start, Duration::from_millis(100));
-    // Back by 10 s: no panic, no tokens, an honest hint (the wait now includes the jump).
+    // Back by 10 s: no panic, no tokens, an honest hint (the wait now includes the jump); the second
+    // refused request is told the second token's moment (hints do not herd).
     clock.set_nanos(990_000 * MS);
     let hint = rate_limited(&a);
-    assert_eq!(hint, Duration::from_millis(10_100));
+    assert_eq!(hint, Duration::from_millis(10_200));
     // Forward again, but only to just before the old time: still nothing extra was granted.
     clock.set_nanos(1_000_000 * MS + 99 * MS);
     rate_limited(&a);
@@ -324,9 +325,10 @@ fn stalled_clock_keeps_hints_positive_and_capacity_flowing() {
     drop(p);
     let p = futures::executor::block_on(waiter).unwrap();
     drop(p);
-    // The rate stays exhausted while the clock stands, with the same positive hint every time.
+    // The rate stays exhausted while the clock stands; each refused request is told the moment the rate
+    // admits it, one token after the last one promised (hints do not herd): 1 s, 2 s, ...
     let hints: Vec<_> = (0..5).map(|_| rate_limited(&a)).collect();
-    assert!(hints.iter().all(|&h| h == Duration::from_secs(1)), "{hints:?}");
+    assert_eq!(hints, [1, 2, 3, 4, 5].map(Duration::from_secs), "{hints:?}");
     clock.advance(Duration::from_secs(1));
     drop(a.try_admit(&Request::new(1, 1)).unwrap());
     assert_idle(&a);

@@ -98,6 +98,8 @@ pub struct Config {
     /// (503 + `Retry-After`), and a waiting one leaves when its deadline becomes unreachable. `None`: no
     /// deadline unless a request sets one ([`TTFT_DEADLINE_HEADER`](crate::deadline::TTFT_DEADLINE_HEADER)).
     pub ttft_deadline: Option<Duration>,
+    /// How the waiting room orders and bounds waits (controlled delay by default).
+    pub wait_policy: kvgate::WaitPolicy,
     /// How waiting tenants share the server: by requests (weighted round-robin) or by tokens.
     pub fairness: kvgate::Fairness,
     /// Requests per second and burst.
@@ -186,6 +188,7 @@ impl Default for Config {
             queue: 256,
             max_queue_wait: Duration::from_secs(30),
             ttft_deadline: None,
+            wait_policy: kvgate::WaitPolicy::controlled_delay(),
             fairness: kvgate::Fairness::Requests,
             rate: None,
             token_rate: None,

@@ -157,6 +157,7 @@ pub fn front_admission(config: &Config, specs: &[UpstreamSpec], shared_rates: bo
             .max_in_flight(slots.max(1))
             .queue_capacity(config.queue)
             .max_queue_wait(config.max_queue_wait)
+            .wait_policy(config.wait_policy)
             .fairness(config.fairness),
     );
     if !shared_rates {

@@ -77,6 +77,17 @@ pub struct Settings {
     /// with the x-kvgate-ttft-deadline header [default: none].
     #[arg(long, value_name = "DURATION")]
     pub ttft_deadline: Option<String>,
+    /// How the waiting room orders and bounds waits: `controlled-delay` (FIFO while the queue drains;
+    /// newest first and at most --delay-target of waiting once it has not been empty for --delay-interval)
+    /// or `fifo` (first-in first-out, the full wait) [default: controlled-delay].
+    #[arg(long, value_name = "POLICY")]
+    pub wait_policy: Option<String>,
+    /// Controlled delay: the longest wait while the queue stands [default: 500ms].
+    #[arg(long, value_name = "DURATION")]
+    pub delay_target: Option<String>,
+    /// Controlled delay: how long the queue must stay non-empty to count as standing [default: 1s].
+    #[arg(long, value_name = "DURATION")]
+    pub delay_interval: Option<String>,
     /// How waiting tenants share the server: `requests` (weighted round-robin by requests) or `tokens`
     /// (by prompt + output tokens served, output weighted by --output-token-weight) [default: requests].
     #[arg(long, value_name = "POLICY")]
@@ -251,6 +262,9 @@ impl Settings {
             queue,
             max_queue_wait,
             ttft_deadline,
+            wait_policy,
+            delay_target,
+            delay_interval,
             fairness,
             output_token_weight,
             rate,
@@ -340,6 +354,22 @@ impl Settings {
         if let Some(value) = self.ttft_deadline {
             config.ttft_deadline = Some(duration("--ttft-deadline", Some(value), Duration::ZERO, false)?);
         }
+        let (target, interval) = match config.wait_policy {
+            kvgate::WaitPolicy::ControlledDelay { target, interval } => (target, interval),
+            kvgate::WaitPolicy::Fifo => (kvgate::DEFAULT_DELAY_TARGET, kvgate::DEFAULT_DELAY_INTERVAL),
+        };
+        let target = duration("--delay-target", self.delay_target.clone(), target, false)?;
+        let interval = duration("--delay-interval", self.delay_interval.clone(), interval, false)?;
+        config.wait_policy = match self.wait_policy.as_deref().map(str::trim) {
+            None | Some("controlled-delay") => kvgate::WaitPolicy::ControlledDelay { target, interval },
+            Some("fifo") if self.delay_target.is_some() || self.delay_interval.is_some() => {
+                return Err(ConfigError::Conflict(
+                    "--delay-target and --delay-interval need --wait-policy controlled-delay".into(),
+                ));
+            }
+            Some("fifo") => kvgate::WaitPolicy::Fifo,
+            Some(other) => return Err(invalid("--wait-policy", &other, "expected controlled-delay or fifo")),
+        };
         config.fairness = match (self.fairness.as_deref().map(str::trim), self.output_token_weight) {
             (None | Some("requests"), None) => kvgate::Fairness::Requests,
             (None | Some("requests"), Some(_)) => {
@@ -525,6 +555,32 @@ mod tests {
 
     fn parse(flags: &str) -> Result<Config, FromArgsError> {
         Config::from_args(std::iter::once("kvgate-gateway").chain(flags.split_whitespace()))
+    }
+
+    #[test]
+    fn wait_policy_flags_and_keys_parse_and_bad_values_name_the_flag() {
+        let default = parse("").unwrap().wait_policy;
+        assert_eq!(default, kvgate::WaitPolicy::controlled_delay());
+        assert_eq!(parse("--wait-policy fifo").unwrap().wait_policy, kvgate::WaitPolicy::Fifo);
+        let tight = parse("--delay-target 200ms --delay-interval 2s").unwrap().wait_policy;
+        assert_eq!(
+            tight,
+            kvgate::WaitPolicy::ControlledDelay {
+                target: Duration::from_millis(200),
+                interval: Duration::from_secs(2)
+            }
+        );
+        for (flags, named) in [
+            ("--wait-policy lifo", "--wait-policy"),
+            ("--delay-target 0", "--delay-target"),
+            ("--delay-interval soon", "--delay-interval"),
+            ("--wait-policy fifo --delay-target 1s", "--delay-target"),
+        ] {
+            let err = parse(flags).unwrap_err().to_string();
+            assert!(err.contains(named), "{flags}: {err}");
+        }
+        let file = Settings::from_toml("wait_policy = \"fifo\"\n").unwrap();
+        assert_eq!(Settings::default().or(file).into_config().unwrap().wait_policy, kvgate::WaitPolicy::Fifo);
     }
 
     #[test]

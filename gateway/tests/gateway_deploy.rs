@@ -311,8 +311,11 @@ async fn a_heavy_key_with_500_queued_requests_does_not_starve_a_light_key() {
     // Two sequences at once; the heavy key queues 500 requests; then the light key asks once. Weighted
     // round-robin between tenants grants it within one round: at most one heavy grant (its weight)
     // between its arrival and its own grant, plus the slots that free while the grant is delivered.
+    // FIFO: the heavy key's 500 requests wait as long as it takes (controlled delay would shed most of
+    // them once the queue stands); the order between keys is the same under both policies.
     let config = Config {
         queue: 1_000,
+        wait_policy: kvgate::WaitPolicy::Fifo,
         tenants: vec![tenant("heavy", "sk-heavy"), tenant("light", "sk-light")],
         ..sim(2, 1_000_000, 400.0)
     };

@@ -302,8 +302,11 @@ impl<C: Clock> Shared<C> {
             Err(refusal) => {
                 self.rates.refund(global, now);
                 Err(match refusal {
-                    RateRefusal::NotYet(wait) => {
-                        Rejection::RateLimited { retry_after: wait.max(self.rates.wait(total, now)) }
+                    RateRefusal::NotYet { wait, spacing } => {
+                        // The tenant's rate refused it: its hint is promised there (told the moment after
+                        // those already promised to the tenant's refused requests).
+                        let promised = tenant.promise_rate(now, wait, spacing);
+                        Rejection::RateLimited { retry_after: promised.max(self.rates.wait(total, now)) }
                     }
                     RateRefusal::NeverFits { requested, burst } => {
                         Rejection::TooLarge { limit: Limit::TenantTokenRate, requested, capacity: burst }
@@ -323,7 +326,7 @@ impl<C: Clock> Shared<C> {
         }
         let refusal = match self.rates.charge(total, now) {
             Ok(charge) => return Ok((charge, now)),
-            Err(RateRefusal::NotYet(_)) => {
+            Err(RateRefusal::NotYet { .. }) => {
                 let now = self.clock.now_nanos();
                 match self.rates.charge(total, now) {
                     Ok(charge) => return Ok((charge, now)),
@@ -333,9 +336,11 @@ impl<C: Clock> Shared<C> {
             Err(refusal) => (refusal, now),
         };
         Err(match refusal {
-            (RateRefusal::NotYet(wait), now) => {
+            (RateRefusal::NotYet { wait, spacing }, now) => {
+                // Promised once, for the refusal this request gets (not for the first look above).
+                let promised = self.rates.promise.promise(now, wait, spacing);
                 let tenant_wait = tenant.map_or(Duration::ZERO, |t| t.rate_wait(total, now));
-                Rejection::RateLimited { retry_after: wait.max(tenant_wait) }
+                Rejection::RateLimited { retry_after: promised.max(tenant_wait) }
             }
             (RateRefusal::NeverFits { requested, burst }, _) => {
                 Rejection::TooLarge { limit: Limit::TokenRate, requested, capacity: burst }

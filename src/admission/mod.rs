@@ -22,6 +22,7 @@
 //! | `prefix.rs` | shared prompt prefixes charged once while held, in a bounded table |
 //! | `hasher.rs` | the one-multiply hasher of the waiting room's maps |
 //! | `rates.rs` | request and token buckets charged together, and what each was charged |
+//! | `promise.rs` | hints that do not herd: the k-th refused request is told when the rate admits the k-th |
 //! | `owner.rs` | the type-erased admission that permits and waiters hold (breaks the import cycle) |
 //! | `permit.rs`, `admit.rs` | the RAII grant; the waiting future and the blocking wait |
 //! | `rejection.rs`, `snapshot.rs`, `stats.rs` | why a request was refused (one list of reasons), counters, hints |
@@ -51,6 +52,7 @@ mod hasher;
 mod owner;
 mod permit;
 mod prefix;
+mod promise;
 mod rates;
 mod rejection;
 mod request;

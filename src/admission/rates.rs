@@ -1,6 +1,7 @@
 //! A request rate and an LLM-token rate, charged together all or nothing — the admission's global pair
 //! and each tenant's own — and the record of what was charged, so that every refund returns exactly that.
 
+use super::promise::{Promise, spacing};
 use crate::bucket::{AcquireError, TokenBucket};
 use crate::clock::Clock;
 use crate::error::ConfigError;
@@ -9,8 +10,9 @@ use std::time::Duration;
 /// Why a charge was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum RateRefusal {
-    /// Not now: the earliest time both rates would let the request through.
-    NotYet(Duration),
+    /// Not now: the earliest time both rates would let the request through, and one request's worth of
+    /// the rate that refused it (what a [`Promise`] spaces hints by).
+    NotYet { wait: Duration, spacing: Duration },
     /// Never: more tokens than the token rate's burst.
     NeverFits { requested: u64, burst: u64 },
 }
@@ -39,11 +41,13 @@ impl Charge {
     }
 }
 
-/// Optional request-rate and token-rate buckets.
+/// Optional request-rate and token-rate buckets, and the hints promised to the requests they refused.
 #[derive(Debug)]
 pub(crate) struct Rates<C: Clock> {
     pub(crate) requests: Option<TokenBucket<C>>,
     pub(crate) tokens: Option<TokenBucket<C>>,
+    /// Staggers the hints of refusals (see `promise.rs`).
+    pub(crate) promise: Promise,
 }
 
 impl<C: Clock> Rates<C> {
@@ -61,7 +65,7 @@ impl<C: Clock> Rates<C> {
                 })
                 .transpose()
         };
-        Ok(Self { requests: bucket(requests, names.0)?, tokens: bucket(tokens, names.1)? })
+        Ok(Self { requests: bucket(requests, names.0)?, tokens: bucket(tokens, names.1)?, promise: Promise::default() })
     }
 
     /// Whether any rate is configured.
@@ -81,8 +85,13 @@ impl<C: Clock> Rates<C> {
     pub(crate) fn charge(&self, total: u64, now: u64) -> Result<Charge, RateRefusal> {
         if let Some(requests) = &self.requests {
             if let Err(err) = requests.try_acquire_at(1, now) {
-                let wait = err.retry_after().unwrap_or(Duration::ZERO).max(self.token_wait(total, now));
-                return Err(RateRefusal::NotYet(wait.max(Duration::from_nanos(1))));
+                let token_wait = self.token_wait(total, now);
+                let wait = err.retry_after().unwrap_or(Duration::ZERO).max(token_wait);
+                let mut spacing = spacing(1, requests.rate());
+                if let (false, Some(tokens)) = (token_wait.is_zero(), &self.tokens) {
+                    spacing = spacing.max(self::spacing(total, tokens.rate()));
+                }
+                return Err(RateRefusal::NotYet { wait: wait.max(Duration::from_nanos(1)), spacing });
             }
         }
         let request = self.requests.is_some();
@@ -94,7 +103,9 @@ impl<C: Clock> Rates<C> {
                     requests.refund_at(1, now);
                 }
                 Err(match err {
-                    AcquireError::NotYet { retry_after } => RateRefusal::NotYet(retry_after),
+                    AcquireError::NotYet { retry_after } => {
+                        RateRefusal::NotYet { wait: retry_after, spacing: spacing(total, tokens.rate()) }
+                    }
                     AcquireError::NeverFits { requested, burst } => RateRefusal::NeverFits { requested, burst },
                 })
             }

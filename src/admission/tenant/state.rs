@@ -180,6 +180,11 @@ impl<C: Clock> TenantState<C> {
         !self.rates.is_empty()
     }
 
+    /// The hint for a request the tenant's rates refused at `now` (see `promise.rs`).
+    pub(crate) fn promise_rate(&self, now: u64, wait: Duration, spacing: Duration) -> Duration {
+        self.rates.promise.promise(now, wait, spacing)
+    }
+
     /// The exact time until the tenant's rates would pass a request of `tokens`, without charging.
     pub(crate) fn rate_wait(&self, tokens: u64, now: u64) -> Duration {
         self.rates.wait(tokens, now)

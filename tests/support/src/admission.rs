@@ -13,7 +13,9 @@
 //! - **Counts**: `Snapshot::rejected` equals the model's count of every refusal and every ended waiter,
 //!   by reason — counted once whether its future was polled or dropped.
 //! - **Hint soundness**: no refusal's hint is earlier than the first instant at which every rate the
-//!   request meets would pass it, computed from the model's buckets; a rate refusal's hint equals it.
+//!   request meets would pass it, computed from the model's buckets; a rate refusal's hint is the promised
+//!   one: the k-th request refused by one pair of rates is told the moment they admit the k-th (spaced by
+//!   one request's worth of the rate, at most a minute ahead, never earlier than its exact wait).
 //! - **The rate bound**: in every window `[t0, t1]` of the run, each bucket (global requests, global
 //!   tokens, each tenant's tokens) handed out, net of refunds, at most `burst + rate · (t1 − t0)`.
 //! - **The fairness bound**: for two flows continuously eligible in one class (and charged nothing
@@ -272,6 +274,8 @@ struct MTenant {
     in_flight: usize,
     kv_used: u64,
     tokens: Option<Bucket>,
+    /// The last moment promised to a request its rates refused (ns).
+    promised: u64,
 }
 
 /// `None` is the anonymous flow.
@@ -315,6 +319,30 @@ struct MPrefix {
 
 /// A request's cost around its shared prefix: (id, prefix units, suffix units).
 type Split = (u8, u64, u64);
+
+/// `n` tokens of a rate of `per_ms` per millisecond, in ns rounded up — as the admission computes it from
+/// the rate per second.
+fn spacing_ns(n: u64, per_ms: u64) -> u64 {
+    (n as f64 * 1e9 / (per_ms as f64 * 1000.0)).ceil() as u64
+}
+
+/// The longest promised hint (the admission's horizon).
+const PROMISE_AHEAD_NS: u64 = 60_000_000_000;
+
+/// The specification of promised hints: a request refused at `now_ns` whose exact wait is `exact` is told
+/// the later of `now + exact` and the moment after the last one promised (`last + spacing`), which becomes
+/// the last promised; a moment beyond the horizon (a minute ahead) is not promised, and the request is told
+/// the horizon (or its exact wait if later).
+fn promise(last: &mut u64, now_ns: u64, exact: u64, spacing: u64) -> u64 {
+    let earliest = now_ns + exact;
+    let next = if *last == 0 { 0 } else { *last + spacing };
+    let at = earliest.max(next);
+    if at > (now_ns + PROMISE_AHEAD_NS).max(earliest) {
+        return exact.max(PROMISE_AHEAD_NS);
+    }
+    *last = at.max(1);
+    at - now_ns
+}
 
 /// Index of a flow's counters: tenants 0..TENANTS, then the anonymous flow.
 fn fidx(key: FlowKey) -> usize {
@@ -368,6 +396,10 @@ pub struct Model {
     pairs: [BTreeMap<(usize, usize), Pair>; 3],
     /// The last refusal came from a rate (its hint is exact).
     rate_refusal: bool,
+    /// The hint the last rate refusal must carry (promised, see `promise`).
+    hint: Option<u64>,
+    /// The last moment promised to a request the global rates refused (ns).
+    promised: u64,
 }
 
 impl Model {
@@ -398,6 +430,8 @@ impl Model {
             internal: [[0; TENANTS as usize + 1]; 3],
             pairs: Default::default(),
             rate_refusal: false,
+            hint: None,
+            promised: 0,
             cfg: cfg.clone(),
         }
     }
@@ -803,27 +837,53 @@ impl Model {
         }
     }
 
-    /// Charges every rate, all or nothing.
+    /// Charges every rate, all or nothing. A refusal's hint (`self.hint`) is promised: the k-th request
+    /// refused by one pair of rates is told the moment they admit the k-th (see `promise`).
     fn charge(&mut self, req: &Req) -> Result<Charges, &'static str> {
         let (total, now) = (req.total(), self.now_ms);
+        let now_ns = now * MS;
+        let tenant_wait = |m: &Model| {
+            req.tenant.and_then(|t| m.tenants[usize::from(t)].tokens.as_ref()).map_or(0, |b| b.wait_ns(total))
+        };
         let mut c = Charges::default();
         if let Some(b) = &mut self.requests {
             if !b.take(1, now) {
+                let per_ms = b.per_ms;
+                let token_wait = self.tokens.as_ref().map_or(0, |t| t.wait_ns(total));
+                let wait = self.requests.as_ref().unwrap().wait_ns(1).max(token_wait).max(1);
+                let mut spacing = spacing_ns(1, per_ms);
+                if let (true, Some(t)) = (token_wait != 0, &self.tokens) {
+                    spacing = spacing.max(spacing_ns(total, t.per_ms));
+                }
+                let promised = promise(&mut self.promised, now_ns, wait, spacing);
+                self.hint = Some(promised.max(tenant_wait(self)));
                 return Err("rate_limited");
             }
             c.request = true;
         }
         if let Some(b) = &mut self.tokens {
             if !b.take(total, now) {
+                let (wait, spacing) = (b.wait_ns(total), spacing_ns(total, b.per_ms));
                 self.refund(c, None);
+                let promised = promise(&mut self.promised, now_ns, wait, spacing);
+                self.hint = Some(promised.max(tenant_wait(self)));
                 return Err("rate_limited");
             }
             c.tokens = total;
         }
         if let Some(t) = req.tenant {
-            if let Some(b) = &mut self.tenants[usize::from(t)].tokens {
+            let tenant = &mut self.tenants[usize::from(t)];
+            if let Some(b) = &mut tenant.tokens {
                 if !b.take(total, now) {
+                    let (wait, spacing) = (b.wait_ns(total), spacing_ns(total, b.per_ms));
+                    let promised = promise(&mut tenant.promised, now_ns, wait, spacing);
                     self.refund(c, None);
+                    let global = self
+                        .requests
+                        .as_ref()
+                        .map_or(0, |b| b.wait_ns(1))
+                        .max(self.tokens.as_ref().map_or(0, |b| b.wait_ns(total)));
+                    self.hint = Some(promised.max(global));
                     return Err("rate_limited");
                 }
                 c.tenant_tokens = total;
@@ -1190,8 +1250,10 @@ fn check_hint(model: &mut Model, req: &Req, r: &Rejection, reason: &'static str)
         if hint < rates {
             return Err(format!("{r:?} for {req:?}: its hint is earlier than the rates allow ({rates} ns)"));
         }
-        if model.rate_refusal && hint != rates {
-            return Err(format!("{r:?} for {req:?}: a rate refusal's hint is not the exact {rates} ns"));
+        if let (true, Some(promised)) = (model.rate_refusal, model.hint) {
+            if hint != promised {
+                return Err(format!("{r:?} for {req:?}: a rate refusal's hint is not the promised {promised} ns"));
+            }
         }
     }
     model.count(reason);
