@@ -39,7 +39,8 @@ OPTIONS:
     --gpu-util F         fraction of GPU memory vLLM may use, in (0, 1] (default 0.9)
     --users N            plan for N employees: sweep the admission limits in the overload lab (kvgate::sim)
                          and print the gateway flags that keep p99 time to first token under --ttft-slo,
-                         the goodput they give, and how many employees fit at that SLO
+                         the goodput they give, and how many employees fit at that SLO with those limits
+                         (searched the same way whatever N is; each count judged on 4,000+ requests)
     --ttft-slo DURATION  the time-to-first-token objective for --users (default 2s; e.g. 1500ms, 2s)
     -h, --help           this help
 ";
@@ -161,7 +162,8 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Option<Args>, Stri
     Ok(Some(args))
 }
 
-/// The limits that keep `users` employees within the TTFT objective, found in the overload lab.
+/// The limits that keep `users` employees within the TTFT objective, found in the overload lab, and how
+/// many employees fit with them (a figure that depends on the limits, not on `users`).
 #[cfg(feature = "sim")]
 fn plan_for(plan: &GpuPlan, args: &Args, users: u32) -> Result<(), String> {
     use kvgate::sim::{EngineConfig, PlanRequest};
