@@ -317,13 +317,15 @@ impl FairQueue {
             .map(|f| (f.len, f.tail.expect("a live flow has waiters")))
     }
 
-    /// The flow with the most waiters (as [`longest`](Self::longest)): its length and its oldest waiter.
-    pub(crate) fn longest_oldest(&self) -> Option<(usize, u32)> {
+    /// Of the flows with the most waiters, the one whose oldest waiter queued first (of equals, the smallest
+    /// key): its length and that waiter. A scan of the flows, run only when a standing class is full.
+    pub(crate) fn longest_oldest(&self, slab: &Slab) -> Option<(usize, u32)> {
         self.flows
             .iter()
             .flatten()
-            .max_by_key(|f| (f.len, std::cmp::Reverse(f.key)))
-            .map(|f| (f.len, f.head.expect("a live flow has waiters")))
+            .map(|f| (f, f.head.expect("a live flow has waiters")))
+            .max_by_key(|(f, head)| (f.len, std::cmp::Reverse((slab.get(*head).queued_at, f.key))))
+            .map(|(f, head)| (f.len, head))
     }
 
     /// The flows parked now, by key (anonymous first, then tenants by id): the order they go back into

@@ -224,10 +224,10 @@ impl Dispatcher {
         let standing = self.delay.is_some_and(|delay| delay.stands(room.nonempty_since[class], now));
         if self.queued_in(class) >= self.queue_capacity && self.queue_capacity > 0 && standing {
             // Controlled delay, a standing queue: the new request takes the place of the oldest waiter of
-            // the longest flow (its own on a tie) — the one least likely to be served in time — which is
-            // told when a slot is expected.
+            // the longest flows (its own flow's oldest when its flow is as long) — the one least likely to
+            // be served in time — which is told when a slot is expected.
             let own = room.classes[class].len_of(flow_key);
-            let victim = match room.classes[class].longest_oldest() {
+            let victim = match room.classes[class].longest_oldest(&room.waiters) {
                 Some((longest, oldest)) if longest > own => Some(oldest),
                 _ => room.classes[class].find(flow_key).and_then(|id| room.classes[class].oldest(id)),
             };
