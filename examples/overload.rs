@@ -15,6 +15,8 @@
 //!    after a fixed delay, with exponential backoff, or with full jitter (at most 100 tries each).
 //! 3. **A heavy user**: 200 employees, with and without one script keeping 64 long requests in flight,
 //!    behind kvgate without and with per-tenant limits.
+//! 4. **Bursts**: short spikes at 3× capacity between quiet periods, behind `try_admit`, a FIFO queue and
+//!    the default waiting room.
 
 use kvgate::clock::{Clock, MonotonicClock};
 use kvgate::kv::{GpuPlan, ModelSpec, WeightDtype};
@@ -101,6 +103,25 @@ fn base(args: &Args) -> Result<(Scenario, f64), String> {
     Ok((scenario, engine.capacity_estimate(prompt, output)))
 }
 
+/// 30 minutes of bursts: BURST_FACTOR × capacity for the first BURST of every PERIOD, BURST_FLOOR of that
+/// (well under capacity) the rest of the time.
+fn bursty(scenario: &Scenario, capacity: f64) -> Scenario {
+    let mut bursty = scenario.clone();
+    bursty.duration = Duration::from_secs(1800);
+    bursty.workload.arrivals = Arrivals::Poisson {
+        rate: BURST_FACTOR * capacity,
+        profile: Profile::Bursts { period: BURST_PERIOD, burst: BURST, floor: BURST_FLOOR },
+        tenants: 200,
+    };
+    bursty.name = "bursts".into();
+    bursty
+}
+
+const BURST_FACTOR: f64 = 3.0;
+const BURST_PERIOD: Duration = Duration::from_secs(10);
+const BURST: Duration = Duration::from_secs(2);
+const BURST_FLOOR: f64 = 0.2;
+
 /// A 30-minute morning rush peaking at `factor` × capacity at minute 12.
 fn rush(scenario: &Scenario, capacity: f64, factor: f64) -> Scenario {
     let mut rush = scenario.clone();
@@ -162,6 +183,14 @@ fn run(args: &Args) -> Result<(), String> {
     );
     println!("{}", Report::table(&overload.concat()));
 
+    // Bursts: short spikes well above capacity between quiet periods.
+    let mut bursts = Vec::new();
+    for gate in gates(capacity).into_iter().skip(2).take(3) {
+        let mut s = bursty(&base, capacity);
+        s.gate = gate;
+        bursts.push(s.run().map_err(|e| e.to_string())?);
+    }
+
     // 2. Retries.
     let mut retries = Vec::new();
     let ms = Duration::from_millis;
@@ -212,6 +241,13 @@ fn run(args: &Args) -> Result<(), String> {
         );
     }
     println!();
+
+    println!(
+        "4. Bursts: {BURST_FACTOR}x capacity for {} s of every {} s, {BURST_FLOOR} of that in between (full-jitter clients)\n",
+        BURST.as_secs(),
+        BURST_PERIOD.as_secs()
+    );
+    println!("{}", Report::table(&bursts));
 
     if let Some(dir) = &args.out {
         std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;

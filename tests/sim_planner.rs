@@ -15,7 +15,6 @@ fn l4_request(users: u32) -> PlanRequest {
     let gpu_plan = GpuPlan::builder(ModelSpec::preset("llama-3.1-8b").unwrap()).gpu("l4").build().unwrap();
     let engine = EngineConfig::for_plan(&gpu_plan, WeightDtype::Bf16).unwrap();
     let mut request = PlanRequest::new(gpu_plan, engine, users, Duration::from_secs(2));
-    request.samples_per_probe = 2000;
     request
 }
 
@@ -36,7 +35,7 @@ fn employees_that_fit_do_not_depend_on_the_number_asked_about() {
     for answer in &answers {
         assert!(!answer.employees_capped);
         assert_eq!(answer.measured.employees_at_slo, Some(answer.employees_at_slo));
-        assert!(answer.measured.requests >= 2000, "{answer}");
+        assert!(answer.measured.requests >= 4000, "{answer}");
         let text = answer.to_string();
         let line = format!(
             "employees that fit at p99 TTFT <= 2 s with these limits ({}): {}",

@@ -365,10 +365,14 @@ impl<C: Clock> Shared<C> {
             // Refuse now what would miss its start deadline, rather than let it wait and fail.
             let class = request.priority.index();
             let dispatcher = &self.core.dispatcher;
+            // Who it would queue behind: its class and the higher ones, or only the higher ones when its
+            // class's queue stands (controlled delay serves the newest first).
+            let standing = dispatcher.controlled_delay() && dispatcher.stands(class, self.clock.now_nanos());
+            let behind = if standing { class + 1 } else { class };
             let load = self
                 .core
                 .resources()
-                .load(dispatcher.queued_at_or_above(class) as u64, dispatcher.queued_kv_at_or_above(class));
+                .load(dispatcher.queued_at_or_above(behind) as u64, dispatcher.queued_kv_at_or_above(behind));
             // Priced as admission would charge it: a shared prefix that is resident costs nothing more.
             let need = split.as_ref().map_or(kv, |split| dispatcher.shared_need(split));
             let predicted = load.predicted_wait(need);

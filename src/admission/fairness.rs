@@ -33,12 +33,15 @@ pub(crate) const MAX_WEIGHT: u32 = 1 << 16;
 /// its class waits joins at that level (VTC's "lift"), so a newcomer cannot claim the service that others
 /// were given directly while it was away.
 ///
-/// **Bound (tokens)**: between two tenants `a` and `b` that both have requests waiting in a class, the
-/// difference of their counters never exceeds the largest charge of one request — `c / w` for a request
-/// of weighted cost `c` of a tenant of weight `w` — what one grant can add, plus the refunds of
-/// completions. So over any period both are continuously backlogged, their weighted services differ by at
-/// most that: `|S_a / w_a − S_b / w_b| ≤ max(c_a / w_a, c_b / w_b)` plus refunds, where `S` is the
-/// weighted tokens served (`tests/admission_fairness.rs` and the model-based test check it). Weights are
+/// **Bound (tokens)**: take two tenants `a` and `b` whose flows are both eligible in one class over a
+/// period in which neither counter changes for any other reason (a grant in another class or one that
+/// never waited, a completion's refund, a lift on entering another class: counters are per tenant, shared
+/// by its classes). Over that period `a`'s counter gets ahead of `b`'s by at most the larger of how far
+/// ahead it was at the start and one of `a`'s own charges — `c / w` for a request of weighted cost `c` of a
+/// tenant of weight `w`: `a` is served only while its counter is the smallest. So the weighted tokens they
+/// are served, `S / w`, differ by at most one request's charge plus their counters' difference at the
+/// start (`tests/admission_fairness.rs` and the model-based test, which checks it after every step, with
+/// weights from 1 to the maximum). Weights are
 /// `1..=`[`TenantLimits::MAX_WEIGHT`](crate::TenantLimits::MAX_WEIGHT), checked when the admission is
 /// built.
 ///

@@ -101,9 +101,10 @@ impl<C: Clock> Admission<C> {
     /// or the tenant's own cap or share), `TooLarge` (can never fit), `Closed`, or `Invalid` (a request for
     /// zero tokens). Whatever the reason, the request holds nothing afterwards.
     ///
-    /// A rate refusal's `retry_after` is exact (the instant every rate the request meets would pass); a
-    /// capacity refusal's is an estimate from recent hold times, never earlier than the request's rates
-    /// would allow.
+    /// A rate refusal's `retry_after` is never earlier than the instant every rate the request meets would
+    /// pass, and does not herd: the k-th request refused by one rate is told the moment it admits the k-th
+    /// (exact for the first; at most a minute ahead); a capacity refusal's is an estimate from recent hold
+    /// times, never earlier than the request's rates would allow.
     ///
     /// # Examples
     ///

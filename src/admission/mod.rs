@@ -35,8 +35,10 @@
 //! 3. **No overtaking**: within a priority class, a new request never passes a waiter that the same
 //!    capacity holds back — `try_admit` included; a waiter held back only by its own tenant's limits
 //!    blocks nobody else.
-//! 4. **Honest hints**: capacity hints come from observed hold times (a tenant's own for a tenant's
-//!    limit); a rate hint is the time at which every rate the request meets would pass.
+//! 4. **Honest hints that do not herd**: capacity hints come from observed hold times (a tenant's own for a
+//!    tenant's limit); a rate hint is never earlier than the time at which every rate the request meets
+//!    would pass, and the k-th request refused by one rate is told the moment it admits the k-th
+//!    (`promise.rs`).
 //! 5. **Linearizable close**, and no user code (a waker) ever runs while the waiting room's lock is held.
 
 mod admit;

@@ -41,8 +41,9 @@ impl Promise {
         let horizon = now.saturating_add(crate::clock::duration_to_nanos(MAX_AHEAD));
         let mut last = self.last.load(Ordering::Relaxed);
         loop {
-            // 0: nothing promised yet (a promised moment is stored as at least 1).
-            let next = if last == 0 { 0 } else { last.saturating_add(spacing) };
+            // 0: nothing promised yet (a promised moment is stored as at least 1); a moment already past is
+            // forgotten (its client came or did not; the bucket's state says which).
+            let next = if last == 0 || last <= now { 0 } else { last.saturating_add(spacing) };
             let at = earliest.max(next);
             if at > horizon.max(earliest) {
                 // Beyond the horizon: told the horizon, promised nothing.

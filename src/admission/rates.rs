@@ -104,7 +104,12 @@ impl<C: Clock> Rates<C> {
                 }
                 Err(match err {
                     AcquireError::NotYet { retry_after } => {
-                        RateRefusal::NotYet { wait: retry_after, spacing: spacing(total, tokens.rate()) }
+                        // Each promised client also needs a request token: spaced by both rates.
+                        let per_request = self.requests.as_ref().map_or(Duration::ZERO, |r| spacing(1, r.rate()));
+                        RateRefusal::NotYet {
+                            wait: retry_after,
+                            spacing: spacing(total, tokens.rate()).max(per_request),
+                        }
                     }
                     AcquireError::NeverFits { requested, burst } => RateRefusal::NeverFits { requested, burst },
                 })

@@ -113,8 +113,9 @@ pub enum Rejection {
         retry_after: Duration,
     },
 
-    /// The request rate or token rate is exceeded. `retry_after` is the exact time until this request
-    /// would pass the rate limits (if nobody else takes the tokens first).
+    /// The request rate or token rate is exceeded. `retry_after` is when this request would pass the rate
+    /// limits: the exact time for the first refused, and for the k-th refused meanwhile the moment the rates
+    /// admit the k-th (hints that do not herd; never earlier than exact, at most a minute ahead).
     #[error("rate limited: retry in {retry_after:?}")]
     RateLimited {
         /// Time until the rate limits would let this request through.

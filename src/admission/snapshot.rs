@@ -90,7 +90,9 @@ pub struct Snapshot {
     /// that difference is not taken off.
     pub kv_saved_by_prefixes: u64,
     /// Requests refused, or ended while waiting, because they were predicted to miss their start deadline
-    /// ([`Request::ttft_deadline`](crate::Request::ttft_deadline)).
+    /// ([`Request::ttft_deadline`](crate::Request::ttft_deadline)), and waiters that controlled delay shed
+    /// ([`WaitPolicy`](crate::WaitPolicy): over-age in a standing queue, or giving their place in a full
+    /// one; each also counted under its `Rejection` reason).
     pub shed: u64,
     /// Wakers that panicked when the dispatcher woke them. The panic is contained: the waiter keeps its
     /// grant and admission goes on.

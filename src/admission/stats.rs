@@ -107,7 +107,8 @@ pub(crate) struct Stats {
     waker_panics: AtomicU64,
     /// KV units requests did not reserve because their shared prefix was held already.
     prefix_saved: AtomicU64,
-    /// Requests refused, or ended early, because they were predicted to miss their start deadline.
+    /// Requests refused, or ended early, because they were predicted to miss their start deadline, and
+    /// waiters shed by controlled delay (over-age in a standing queue, or giving their place in a full one).
     shed: AtomicU64,
     pub(crate) hold: HoldTime,
 }

@@ -8,13 +8,24 @@
 //! empty for `interval`. While it stands:
 //! - the newest waiter of a flow is served first (adaptive LIFO): its user is still there;
 //! - waits are short: a new arrival's longest wait is `target`, and the deadline timer's expiry ends
-//!   the waiters that have waited `target` or longer (`TimedOut`, counted in `Snapshot::shed`; an HTTP
-//!   adapter answers it with the capacity estimate as its `Retry-After`). While a class stands the timer
-//!   looks every `target / 2` at most (with a `ManualClock`, [`Admission::expire_waiters`] does it), so an
-//!   older waiter leaves at most `target / 2` after its age passed `target`;
+//!   the waiters that have waited `target` or longer, and a full queue's oldest waiter gives its place to
+//!   a newcomer that still waits after the enqueue's pass: each leaves [`Rejection::NoCapacity`] with a
+//!   `Retry-After` of the time to the next release (a standing queue serves the newest first, so a client
+//!   that comes back then is served before the older waiters), counted in `Snapshot::shed`. While a class
+//!   stands and the timer runs (some waiter has a deadline — every arrival in a standing class has one),
+//!   it looks every `target / 2` at most (with a `ManualClock`, [`Admission::expire_waiters`] does it). A
+//!   waiter queued before its class stood, without a deadline of its own, leaves at the next expiry;
+//! - a start prediction (`Request::ttft_deadline`) counts only the waiters of higher classes as ahead of
+//!   a request whose class stands (it would be served first);
+//! - a waiter of a flow without a tenant that fits may pass a newer one of its flow that does not fit the
+//!   global capacity (the queue is out of arrival order already; at most 8 are tried per pass);
 //! - the order *between* flows (tenants) and classes is the fair queue's, as in FIFO mode.
 //!
-//! The moment the class's queue is empty it is back to FIFO with the full wait.
+//! The moment the class's queue is empty — or holds only waiters parked on their own tenant's limits,
+//! which wait for their tenant, not for the server — it is back to FIFO with the full wait. Parked
+//! waiters are never shed by the policy.
+//!
+//! [`Rejection::NoCapacity`]: crate::Rejection::NoCapacity
 //!
 //! # Invariants
 //! 1. The policy changes only *which* waiter of the chosen flow a pass grants and how long waits last;

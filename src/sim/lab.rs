@@ -365,7 +365,7 @@ impl Lab<'_> {
             Arrivals::Employees { count, think_time, profile } => {
                 for employee in 0..count {
                     let at = match profile {
-                        Profile::Flat | Profile::Step { .. } => {
+                        Profile::Flat | Profile::Step { .. } | Profile::Bursts { .. } => {
                             (dist::unit(&mut self.work_rng) * think_time.as_nanos() as f64) as u64
                         }
                         Profile::MorningRush { peak_at, spread, .. } => self.rush_start(peak_at, spread),

@@ -45,6 +45,16 @@ pub enum Profile {
         /// The rate from then on, as a share of the rate before, in `[0, 1]`.
         after: f64,
     },
+    /// Short spikes between quiet periods: the full rate for the first `burst` of every `period`, `floor`
+    /// of it for the rest; employees arrive at work as with [`Profile::Flat`].
+    Bursts {
+        /// From the start of one spike to the start of the next (`> 0`).
+        period: Duration,
+        /// How long each spike lasts (`<= period`).
+        burst: Duration,
+        /// The rate between spikes, as a share of the peak rate, in `[0, 1]`.
+        floor: f64,
+    },
 }
 
 impl Profile {
@@ -63,6 +73,10 @@ impl Profile {
                 let z = (at.as_secs_f64() - peak_at.as_secs_f64()) / spread.as_secs_f64();
                 floor + (1.0 - floor) * (-0.5 * z * z).exp()
             }
+            Profile::Bursts { period, burst, floor } => {
+                let into = at.as_nanos() % period.as_nanos().max(1);
+                if into < burst.as_nanos() { 1.0 } else { floor }
+            }
         }
     }
 
@@ -74,6 +88,20 @@ impl Profile {
                     return Err(ConfigError::OutOfRange {
                         what: "step profile share after the change",
                         reason: format!("{after}; use a share of the earlier rate in [0, 1]"),
+                    });
+                }
+                Ok(())
+            }
+            Profile::Bursts { period, burst, floor } => {
+                if period.is_zero() || burst.is_zero() {
+                    return Err(ConfigError::Zero { what: "burst profile period and burst" });
+                }
+                if burst > period || !(0.0..=1.0).contains(&floor) {
+                    return Err(ConfigError::OutOfRange {
+                        what: "burst profile",
+                        reason: format!(
+                            "burst {burst:?} of period {period:?}, floor {floor}; use burst <= period and a floor in [0, 1]"
+                        ),
                     });
                 }
                 Ok(())

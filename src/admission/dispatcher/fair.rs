@@ -5,7 +5,9 @@
 //! form a ring; the flow at the front may be granted up to `weight` requests in its turn, then the ring
 //! rotates. A flow whose head its own tenant cannot take (the tenant's in-flight cap or KV share is full)
 //! is *parked*: it leaves the ring until that tenant frees room, so it blocks nobody else. A head that
-//! does not fit the *global* capacity stops the pass: nobody passes it, in this class or below.
+//! does not fit the *global* capacity stops the pass: nobody passes it, in this class or below (except,
+//! under controlled delay while the class stands, an older waiter of the same tenant-less flow that fits:
+//! see `wait_policy.rs`).
 //!
 //! Guarantee: with `n` flows eligible in a class and weights `w_i`, each of flow `i`'s waiters is granted
 //! after at most `sum_j w_j / w_i` grants per waiter ahead of it in its own flow — a tenant with 500
@@ -223,6 +225,11 @@ impl FairQueue {
     /// Flow ids in use are below this (for a scan of every flow).
     pub(crate) fn flow_slots(&self) -> u32 {
         self.flows.len() as u32
+    }
+
+    /// Whether flow slot `id` holds a parked flow.
+    pub(crate) fn is_parked(&self, id: u32) -> bool {
+        self.flows.get(id as usize).and_then(Option::as_ref).is_some_and(|f| f.parked)
     }
 
     /// The oldest waiter of flow slot `id`, if a flow with waiters lives there (parked or not).

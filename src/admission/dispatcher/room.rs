@@ -157,6 +157,8 @@ pub(crate) struct Dispatcher {
     queue_capacity: usize,
     /// Controlled delay's parameters (`None`: FIFO with the full wait).
     delay: Option<Delay>,
+    /// `Room::nonempty_since` mirrored for lock-free reads (`u64::MAX`: empty), written under the lock.
+    since: [AtomicU64; Priority::COUNT],
 }
 
 impl Dispatcher {
@@ -177,7 +179,20 @@ impl Dispatcher {
             timed: AtomicUsize::new(0),
             queue_capacity,
             delay,
+            since: std::array::from_fn(|_| AtomicU64::new(u64::MAX)),
         }
+    }
+
+    /// Whether class `class`'s queue stands at `now` (controlled delay; never in FIFO mode). Lock-free: a
+    /// start prediction reads it to know which waiters a new request would queue behind.
+    pub(crate) fn stands(&self, class: usize, now: u64) -> bool {
+        let since = self.since[class].load(Ordering::Relaxed);
+        self.delay.is_some_and(|delay| delay.stands((since != u64::MAX).then_some(since), now))
+    }
+
+    /// Whether the policy is controlled delay (a start prediction reads the clock only then).
+    pub(crate) fn controlled_delay(&self) -> bool {
+        self.delay.is_some()
     }
 
     pub(crate) fn queue_capacity(&self) -> usize {
@@ -222,25 +237,11 @@ impl Dispatcher {
         fits(res, new.kv, new.split.map_or(new.kv, |s| s.alone), new.tenant.as_deref())?;
         let mut displaced = false;
         let standing = self.delay.is_some_and(|delay| delay.stands(room.nonempty_since[class], now));
-        if self.queued_in(class) >= self.queue_capacity && self.queue_capacity > 0 && standing {
-            // Controlled delay, a standing queue: the new request takes the place of the oldest waiter of
-            // the longest flows (its own flow's oldest when its flow is as long) — the one least likely to
-            // be served in time — which is told when a slot is expected.
-            let own = room.classes[class].len_of(flow_key);
-            let victim = match room.classes[class].longest_oldest(&room.waiters) {
-                Some((longest, oldest)) if longest > own => Some(oldest),
-                _ => room.classes[class].find(flow_key).and_then(|id| room.classes[class].oldest(id)),
-            };
-            if let Some(victim) = victim {
-                let retry_after = room.shed_hint(res, self, class);
-                res.stats.count_shed(1);
-                if let Some(wake) = room.leave(res, self, victim, WaitState::Shed { retry_after }) {
-                    wakes.push(wake);
-                }
-                displaced = true;
-            }
-        }
-        if self.queued_in(class) >= self.queue_capacity {
+        // Controlled delay, a standing queue that is full: the newcomer queues, a pass runs (it serves the
+        // newest first, perhaps the newcomer itself), and only if the class is still over its bound does the
+        // oldest waiter of the longest flows give its place (below).
+        let overfull = standing && self.queue_capacity > 0 && self.queued_in(class) >= self.queue_capacity;
+        if self.queued_in(class) >= self.queue_capacity && !overfull {
             let hint = capacity_hint(res.stats.hold.mean(), res.capacity.slots_used(), self.queued_in(class));
             // Longest queue drop: the newest waiter of the flow with the most waiters gives its place to a
             // request of a flow with at least two fewer, so that no tenant can hold every place.
@@ -285,7 +286,7 @@ impl Dispatcher {
         }
         self.count(class, new.tenant.as_deref(), 1, held.kv, deadline);
         if room.nonempty_since[class].is_none() {
-            room.nonempty_since[class] = Some(now);
+            room.set_since(self, class, Some(now));
         }
         let deadline_added = (deadline != u64::MAX).then(|| room.deadlines.push(deadline, key));
         if deadline_added.is_some() {
@@ -297,8 +298,19 @@ impl Dispatcher {
         // dispatches once this lock is free: no pass is owed unless this enqueue changed what one would
         // look at (a new flow, a displaced waiter, a prefix) or some waiter has a deadline (a pass ends
         // the heads whose deadline passed).
-        if entered || displaced || new.split.is_some() || self.timed.load(Ordering::Relaxed) != 0 {
+        if entered || displaced || overfull || new.split.is_some() || self.timed.load(Ordering::Relaxed) != 0 {
             room = self.run_passes(res, room, &mut wakes, now);
+        }
+        if overfull && self.queued_in(class) > self.queue_capacity {
+            // The oldest waiter of the longest flows (by age, not by tenant id) — the one least likely to be
+            // served in time — gives its place; it is told when a slot is expected.
+            if let Some((_, victim)) = room.classes[class].longest_oldest(&room.waiters) {
+                let retry_after = room.shed_hint(res);
+                res.stats.count_shed(1);
+                if let Some(wake) = room.leave(res, self, victim, WaitState::Shed { retry_after }) {
+                    wakes.push(wake);
+                }
+            }
         }
         let granted = key.granted();
         drop(room);
@@ -330,7 +342,7 @@ impl Dispatcher {
                     return None;
                 }
                 WaitState::Waiting => {
-                    let ended = room.past_deadline(res, self, key.index());
+                    let ended = room.past_deadline(res, key.index());
                     outside.wake = room.leave(res, self, key.index(), ended);
                     // It may have been the head holding others back.
                     room = self.run_passes(res, room, &mut wakes, now);
@@ -504,7 +516,7 @@ impl Dispatcher {
             }
         }
         for class in 0..Priority::COUNT {
-            room.clear_held_back(res, class);
+            room.clear_held_back(res, self, class);
         }
         drop(room);
         self.wake(res, &mut wakes);
@@ -559,7 +571,7 @@ impl Dispatcher {
                 room = sync::lock(&self.room);
             }
             if room.waiters.lookup(key).is_some_and(|w| w.state == WaitState::Waiting) {
-                let to = room.past_deadline(res, self, key.index());
+                let to = room.past_deadline(res, key.index());
                 if let Some(wake) = room.leave(res, self, key.index(), to) {
                     wakes.push(wake);
                 }
@@ -571,7 +583,9 @@ impl Dispatcher {
         let load = res.load(0, 0);
         let keys = if room.start_deadlines == 0 { Vec::new() } else { room.waiters.waiting_keys() };
         for key in keys {
-            let Some(waiter) = room.waiters.lookup(key) else { continue };
+            // Still waiting: a batch's wake-ups run without the lock, and another thread (close, a resize,
+            // another expiry) may have ended the waiters after this one meanwhile.
+            let Some(waiter) = room.waiters.lookup(key).filter(|w| w.state == WaitState::Waiting) else { continue };
             // Its own units, plus the prefix's when nobody holds the prefix now (what a pass would take).
             let need = waiter.prefix.map_or(waiter.kv, |id| room.prefixes.waiter_need(id, waiter.kv));
             if !waiter.start_deadline
@@ -764,6 +778,12 @@ fn outcome_of(state: WaitState) -> Outcome {
 }
 
 impl Room {
+    /// Sets since when class `class`'s queue has held a waiter (`None`: it drained), and its mirror.
+    fn set_since(&mut self, d: &Dispatcher, class: usize, since: Option<u64>) {
+        self.nonempty_since[class] = since;
+        d.since[class].store(since.unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
     /// Sets class `class`'s global `HELD_BACK` bit (if not set already).
     fn hold_back(&mut self, res: Resources<'_>, class: usize) {
         if !self.held_back[class] {
@@ -772,8 +792,10 @@ impl Room {
         }
     }
 
-    /// Clears class `class`'s global `HELD_BACK` bit (if set).
-    fn clear_held_back(&mut self, res: Resources<'_>, class: usize) {
+    /// Clears class `class`'s global `HELD_BACK` bit (if set). No flow is eligible: whatever still waits is
+    /// held back by its own tenant, so the server's queue has drained (controlled delay starts again).
+    fn clear_held_back(&mut self, res: Resources<'_>, d: &Dispatcher, class: usize) {
+        self.set_since(d, class, None);
         if self.held_back[class] {
             self.held_back[class] = false;
             res.capacity.clear_held_back(class);
@@ -804,11 +826,11 @@ impl Room {
         let (kv, deadline) = (self.waiters.get(index).kv, self.waiters.get(index).deadline);
         d.count(class, tenant.as_deref(), -1, kv, deadline);
         if d.queued_in(class) == 0 {
-            self.nonempty_since[class] = None;
+            self.set_since(d, class, None);
         }
         self.start_deadlines -= usize::from(self.waiters.get(index).start_deadline);
         if self.classes[class].ring_is_empty() {
-            self.clear_held_back(res, class);
+            self.clear_held_back(res, d, class);
         }
         let waiter = self.waiters.get_mut(index);
         waiter.state = to;
@@ -847,19 +869,19 @@ impl Room {
 
     /// How a `Waiting` waiter whose deadline passed ends: `TimedOut`, or shed (counted) when the deadline was
     /// controlled delay's `target`.
-    fn past_deadline(&self, res: Resources<'_>, d: &Dispatcher, index: u32) -> WaitState {
+    fn past_deadline(&self, res: Resources<'_>, index: u32) -> WaitState {
         let waiter = self.waiters.get(index);
         if !waiter.policy_deadline {
             return WaitState::TimedOut;
         }
         res.stats.count_shed(1);
-        WaitState::Shed { retry_after: self.shed_hint(res, d, waiter.class) }
+        WaitState::Shed { retry_after: self.shed_hint(res) }
     }
 
-    /// The `Retry-After` of a waiter shed by controlled delay: when a slot is expected for a new request
-    /// behind the class's waiters.
-    fn shed_hint(&self, res: Resources<'_>, d: &Dispatcher, class: usize) -> std::time::Duration {
-        let _ = (d, class);
+    /// The `Retry-After` of a waiter shed by controlled delay: the time to the next release. A standing
+    /// queue serves the newest first, so a request that comes back then is served before the older
+    /// waiters: none is ahead of it.
+    fn shed_hint(&self, res: Resources<'_>) -> std::time::Duration {
         capacity_hint(res.stats.hold.mean(), res.capacity.slots_used(), 0)
     }
 
@@ -886,7 +908,7 @@ impl Room {
         None
     }
 
-    /// Controlled delay: if class `class`'s queue stands, ends (`TimedOut`, counted as shed) every waiter
+    /// Controlled delay: if class `class`'s queue stands, ends (`NoCapacity`, counted as shed) every waiter
     /// of it that has waited `target` or longer, from the oldest end of each flow (flows in slot order),
     /// adding them to `ended`. Returns true if it stopped because `wakes` is full (call it again after
     /// waking them).
@@ -903,14 +925,15 @@ impl Room {
             return false;
         };
         for flow in 0..self.classes[class].flow_slots() {
-            while let Some(oldest) = self.classes[class].oldest(flow) {
+            // A parked flow waits for its own tenant's limits, not for the server: it is not shed.
+            while let Some(oldest) = self.classes[class].oldest(flow).filter(|_| !self.classes[class].is_parked(flow)) {
                 if now.saturating_sub(self.waiters.get(oldest).queued_at) < delay.target {
                     break;
                 }
                 if wakes.is_full() {
                     return true;
                 }
-                let retry_after = self.shed_hint(res, d, class);
+                let retry_after = self.shed_hint(res);
                 if let Some(wake) = self.leave(res, d, oldest, WaitState::Shed { retry_after }) {
                     wakes.push(wake);
                 }
@@ -943,7 +966,7 @@ impl Room {
             loop {
                 // A standing queue serves the newest of the chosen flow first (adaptive LIFO).
                 let Some((flow, mut index)) = self.classes[class].head(standing) else {
-                    self.clear_held_back(res, class);
+                    self.clear_held_back(res, d, class);
                     break;
                 };
                 if wakes.is_full() {
@@ -957,7 +980,7 @@ impl Room {
                     // Past its deadline: it is not granted (its owner, polling, sees `TimedOut`, or
                     // `NoCapacity` for controlled delay's). A waiter without one (`u64::MAX`) waits even on a
                     // clock at its end.
-                    let to = self.past_deadline(res, d, index);
+                    let to = self.past_deadline(res, index);
                     if let Some(wake) = self.leave(res, d, index, to) {
                         wakes.push(wake);
                     }
@@ -999,7 +1022,7 @@ impl Room {
                 }
                 d.count(class, self.classes[class].tenant(flow).map(|t| t.as_ref()), -1, kv, deadline);
                 if d.queued_in(class) == 0 {
-                    self.nonempty_since[class] = None;
+                    self.set_since(d, class, None);
                 }
                 self.start_deadlines -= usize::from(start_deadline);
                 if let Some(id) = prefix {

@@ -11,7 +11,11 @@
 //!     │  close()
 //!     ├──────────────────────────────────────────────► Closed
 //!     │  the budget shrank below what it needs
-//!     └──────────────────────────────────────────────► TooLarge
+//!     ├──────────────────────────────────────────────► TooLarge
+//!     │  a full class's longest-queue drop took its place
+//!     ├──────────────────────────────────────────────► Displaced
+//!     │  controlled delay: it waited `target` in a standing queue, or gave its place in a full one
+//!     └──────────────────────────────────────────────► Shed
 //! ```
 //!
 //! A grant removes the waiter from the slab at once (the capacity it reserved is the waiter's now) and

@@ -335,7 +335,7 @@ const PROMISE_AHEAD_NS: u64 = 60_000_000_000;
 /// the horizon (or its exact wait if later).
 fn promise(last: &mut u64, now_ns: u64, exact: u64, spacing: u64) -> u64 {
     let earliest = now_ns + exact;
-    let next = if *last == 0 { 0 } else { *last + spacing };
+    let next = if *last == 0 || *last <= now_ns { 0 } else { *last + spacing };
     let at = earliest.max(next);
     if at > (now_ns + PROMISE_AHEAD_NS).max(earliest) {
         return exact.max(PROMISE_AHEAD_NS);
@@ -861,9 +861,10 @@ impl Model {
             }
             c.request = true;
         }
+        let per_request = self.requests.as_ref().map_or(0, |b| spacing_ns(1, b.per_ms));
         if let Some(b) = &mut self.tokens {
             if !b.take(total, now) {
-                let (wait, spacing) = (b.wait_ns(total), spacing_ns(total, b.per_ms));
+                let (wait, spacing) = (b.wait_ns(total), spacing_ns(total, b.per_ms).max(per_request));
                 self.refund(c, None);
                 let promised = promise(&mut self.promised, now_ns, wait, spacing);
                 self.hint = Some(promised.max(tenant_wait(self)));
