@@ -627,3 +627,30 @@ fn a_blocking_waiter_that_times_out_is_counted_once() {
     assert_eq!(outcome.unwrap_err(), Rejection::TimedOut);
     assert_eq!(admission.snapshot().rejected.total(), 1);
 }
+
+/// v3 defect 7: a full bucket banks no progress towards a token it cannot hold — global and per tenant:
+/// after a long idle, a burst passes `burst` requests and the next is told one whole interval (200 ms at
+/// 5/s), never the rest of a token that accrued while the bucket was full.
+#[test]
+fn a_full_bucket_banks_no_part_of_a_token_globally_or_per_tenant() {
+    let (clock, builder) = manual();
+    let admission =
+        builder.request_rate(5.0, 5).tenant_defaults(TenantLimits::new().request_rate(5.0, 5)).build().unwrap();
+    for tenant in [None, Some("alice")] {
+        let request = || match tenant {
+            Some(t) => Request::new(1, 0).tenant(t),
+            None => Request::new(1, 0),
+        };
+        clock.advance(Duration::from_millis(1_100)); // idle: full, and 0.5 of a token of progress
+        for _ in 0..5 {
+            drop(admission.try_admit(&request()).unwrap());
+        }
+        let Err(Rejection::RateLimited { retry_after }) = admission.try_admit(&request()) else {
+            panic!("a sixth request within the burst's instant")
+        };
+        assert_eq!(retry_after, Duration::from_millis(200), "{tenant:?}: the full bucket banked progress");
+        clock.advance(Duration::from_millis(199));
+        assert!(admission.try_admit(&request()).is_err(), "{tenant:?}: a sixth within 199 ms");
+        clock.advance(Duration::from_secs(10));
+    }
+}

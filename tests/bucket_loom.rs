@@ -5,7 +5,9 @@
 //! The clock is a `ManualClock` that does not move during a model, so every outcome is determined by the
 //! order of the atomic operations alone. The operation whose result is checked runs on the spawned thread:
 //! loom then explores it against every point of the main thread's operation (checked by mutation: a CAS
-//! replaced by a store, and a seqlock without its version re-check, both fail these models).
+//! replaced by a store, a seqlock without its version re-check, and a rate change that converts `tat`
+//! without flipping its generation bit, each fail these models). Every `set_rate` here changes the unit
+//! (units per token), so `tat` is converted while the other thread works.
 #![cfg(loom)]
 
 use kvgate::bucket::{AcquireError, TokenBucket};
@@ -88,6 +90,41 @@ fn set_rate_races_available() {
         b.set_rate(2e6, 2).unwrap();
         let seen = t.join().unwrap();
         assert!(seen == 3 || seen == 2, "available {seen}: neither before (3) nor after (2) the change");
+        assert_eq!(b.available(), 2);
+    });
+}
+
+/// A refund racing a rate change that halves the unit, from an empty bucket: whether the refund commits
+/// before the conversion (2 tokens in the old unit, converted) or after it (2 tokens in the new unit), the
+/// bucket holds 2 tokens. A stale refund committed after the conversion, in the old unit, would give
+/// back 4 (the conversion maps an empty bucket's `tat` to the same value: only the generation bit tells
+/// the two apart).
+#[test]
+fn refund_races_set_rate() {
+    loom::model(|| {
+        let b = bucket(1.0, 4);
+        b.try_acquire(4).unwrap();
+        let other = Arc::clone(&b);
+        let t = thread::spawn(move || other.refund(2));
+        b.set_rate(2.0, 4).unwrap();
+        t.join().unwrap();
+        assert_eq!((b.rate(), b.available()), (2.0, 2));
+    });
+}
+
+/// Two rate changes at once: they serialize, and the bucket ends with one of them whole (rate and burst
+/// together) and the tokens of either order (3, capped at 2, then kept).
+#[test]
+fn set_rates_serialize() {
+    loom::model(|| {
+        let b = bucket(1.0, 4);
+        b.try_acquire(1).unwrap(); // 3 available
+        let other = Arc::clone(&b);
+        let t = thread::spawn(move || other.set_rate(2.0, 8).unwrap());
+        b.set_rate(4.0, 2).unwrap();
+        t.join().unwrap();
+        let config = (b.rate(), b.burst());
+        assert!(config == (2.0, 8) || config == (4.0, 2), "torn configuration {config:?}");
         assert_eq!(b.available(), 2);
     });
 }

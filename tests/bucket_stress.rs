@@ -60,19 +60,30 @@ fn four_threads_weighted() {
 
 #[test]
 fn four_threads_with_refunds_and_rate_changes_stay_bounded() {
-    // Refunds and set_rate interleaved with acquires: no panic, and `available` never exceeds the burst.
+    // Refunds and set_rate interleaved with acquires. The rate alternates between 2e6/s (500 units a
+    // token) and 1e6/s (1000 units), so every change converts `tat` while the workers CAS it. No panic,
+    // `available` never exceeds the burst, and the tokens handed out net of refunds are at most the burst
+    // plus what the faster rate accrues over the run (a rate change keeps what is held and the progress,
+    // rounded down: it never adds).
     let clock = ManualClock::new();
     let bucket = Arc::new(TokenBucket::with_clock(1e6, 64, clock.clone()).unwrap());
+    let net = Arc::new(AtomicU64::new(0));
     let workers: Vec<_> = (0..4u64)
         .map(|i| {
-            let bucket = Arc::clone(&bucket);
+            let (bucket, net) = (Arc::clone(&bucket), Arc::clone(&net));
             thread::spawn(move || {
+                let mut mine = 0;
                 for _ in 0..TRIES / 10 {
-                    if bucket.try_acquire(i + 1).is_ok() && i % 2 == 0 {
-                        bucket.refund(i + 1);
+                    if bucket.try_acquire(i + 1).is_ok() {
+                        if i % 2 == 0 {
+                            bucket.refund(i + 1);
+                        } else {
+                            mine += i + 1;
+                        }
                     }
                     assert!(bucket.available() <= 64);
                 }
+                net.fetch_add(mine, Ordering::Relaxed);
             })
         })
         .collect();
@@ -86,5 +97,8 @@ fn four_threads_with_refunds_and_rate_changes_stay_bounded() {
     for w in workers {
         w.join().unwrap();
     }
+    let elapsed = clock.now_nanos();
+    let net = net.load(Ordering::Relaxed);
     assert!(bucket.available() <= 64);
+    assert!(net <= 64 + elapsed / 500, "{net} handed out net in {elapsed} ns");
 }

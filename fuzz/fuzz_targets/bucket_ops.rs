@@ -1,8 +1,9 @@
 //! `TokenBucket` on a `ManualClock` against the exact sequential model shared with `tests/bucket_proptest.rs`
-//! (`support::bucket`: whole tokens plus an exact 2^-96 fraction, capped at the burst; lifetime allowance
-//! tracked as `level`): every decision, every `available()`, and every `retry_after` (exactly minimal) is
-//! compared. Invalid configurations and `set_rate` arguments must be refused and change nothing; a peek at
-//! an earlier time never shows more.
+//! (`support::bucket`: whole units — the documented unit, recomputed and checked — plus an exact 2^-96
+//! fraction of a unit, capped at the capacity; lifetime allowance tracked as `level`): every decision, every
+//! `available()`, and every `retry_after` (exactly minimal) is compared, and every grant is checked against
+//! the GCRA bound at the rate as given, in every window since the last rate change. Invalid configurations
+//! and `set_rate` arguments must be refused and change nothing; a peek at an earlier time never shows more.
 #![no_main]
 
 use libfuzzer_sys::arbitrary::{self, Arbitrary};

@@ -27,7 +27,9 @@ pub enum AcquireError {
         retry_after: Duration,
     },
     /// Never fits: more tokens were requested than the bucket can hold (`requested > burst`), so retrying
-    /// cannot help. (Also returned once the bucket's lifetime allowance, at least 2^63 tokens, is spent.)
+    /// cannot help. (Also returned for more than 2^61 tokens, which no bucket holds whatever its burst, and
+    /// once a configuration's lifetime allowance is spent: its level saturates at least 219 years after
+    /// the bucket is built or its rate last changed; see the [module documentation](super).)
     #[error("{requested} tokens requested but the bucket holds at most {burst}; split the request or raise the burst")]
     NeverFits {
         /// The number of tokens asked for.

@@ -37,8 +37,8 @@ use crate::sync::{AtomicU64, CachePadded, Ordering};
 /// # Ok::<(), kvgate::ConfigError>(())
 /// ```
 pub struct TokenBucket<C: Clock = MonotonicClock> {
-    /// The GCRA state, in tokens (see the module docs). Alone on its cache line: it is the only word
-    /// written on the hot path.
+    /// The GCRA state: the generation bit and a level, in units (see the module docs). Alone on its cache
+    /// line: it is the only word written on the hot path.
     tat: CachePadded<AtomicU64>,
     /// The configuration, read-mostly.
     config: CachePadded<Config>,
@@ -91,8 +91,13 @@ impl<C: Clock> TokenBucket<C> {
     /// # Ok::<(), kvgate::ConfigError>(())
     /// ```
     pub fn with_clock(rate_per_second: f64, burst: u64, clock: C) -> Result<Self, ConfigError> {
-        let gcra = Gcra::starting(Quota::new(rate_per_second, burst)?, clock.now_nanos());
-        Ok(Self { tat: CachePadded(AtomicU64::new(gcra.full_tat())), config: CachePadded(Config::new(gcra)), clock })
+        let quota = Quota::new(rate_per_second, burst)?;
+        let gcra = Gcra::starting(quota, clock.now_nanos());
+        Ok(Self {
+            tat: CachePadded(AtomicU64::new(gcra.full_tat())),
+            config: CachePadded(Config::new(gcra, quota.rate())),
+            clock,
+        })
     }
 
     /// Takes `n` tokens now, or takes nothing and says why.
@@ -102,7 +107,8 @@ impl<C: Clock> TokenBucket<C> {
     /// # Errors
     ///
     /// [`AcquireError::NotYet`] with the exact time until `n` tokens will be available (if nobody else
-    /// takes them first); [`AcquireError::NeverFits`] if `n` exceeds the burst.
+    /// takes them first); [`AcquireError::NeverFits`] if `n` exceeds the burst (or the 2^61 tokens a bucket
+    /// holds at most, or what is left of the configuration's lifetime allowance).
     ///
     /// # Examples
     ///
@@ -145,39 +151,74 @@ impl<C: Clock> TokenBucket<C> {
     /// ```
     #[inline]
     pub fn try_acquire_at(&self, n: u64, now_nanos: u64) -> Result<(), AcquireError> {
-        let config = self.config.read();
-        if n > config.burst {
-            return Err(AcquireError::NeverFits { requested: n, burst: config.burst });
-        }
-        if n == 0 {
-            return Ok(());
-        }
-        let level = config.level_at(now_nanos);
-        let clamp = config.clamp(level);
-        let mut tat = self.tat.load(Ordering::Relaxed);
-        loop {
-            let start = tat.max(clamp);
-            // start + n <= level, without overflow.
-            if start > level || level - start < n {
-                return Err(Self::not_yet(&config, tat, n, now_nanos));
+        // The common case, lean enough to inline: 1 <= n <= burst (`n - 1` wraps for 0), a grant, and a
+        // CAS that fails only to a concurrent grant or refund. Everything else (n == 0, n > burst, a
+        // refusal and its hint, a rate change in between) goes to the slow path, which starts again.
+        let (config, mut tat) = self.config.read_with(&self.tat);
+        if n.wrapping_sub(1) < config.burst {
+            // n <= burst, and burst * unit <= 2^61 whenever unit > 1: no overflow.
+            let cost = n * config.unit;
+            let level = config.level_at(now_nanos);
+            let clamp = config.clamp(level);
+            loop {
+                let start = tat.max(clamp);
+                // start + cost <= level, without overflow.
+                if start > level || level - start < cost {
+                    break;
+                }
+                match self.tat.compare_exchange_weak(tat, start + cost, Ordering::Relaxed, Ordering::Relaxed) {
+                    Ok(_) => return Ok(()),
+                    Err(current) if config.owns(current) => tat = current,
+                    Err(_) => break,
+                }
             }
-            match self.tat.compare_exchange_weak(tat, start + n, Ordering::Relaxed, Ordering::Relaxed) {
-                Ok(_) => return Ok(()),
-                Err(current) => tat = current,
+        }
+        self.try_acquire_slow(n, now_nanos)
+    }
+
+    /// [`try_acquire_at`](Self::try_acquire_at) in full: the same CAS loop, from a fresh read, with the
+    /// refusals, and again from a fresh read after a rate change converted `tat`.
+    #[cold]
+    #[inline(never)]
+    fn try_acquire_slow(&self, n: u64, now_nanos: u64) -> Result<(), AcquireError> {
+        loop {
+            let (config, mut tat) = self.config.read_with(&self.tat);
+            if n > config.burst {
+                return Err(AcquireError::NeverFits { requested: n, burst: config.burst });
+            }
+            if n == 0 {
+                return Ok(());
+            }
+            let cost = n * config.unit;
+            let level = config.level_at(now_nanos);
+            let clamp = config.clamp(level);
+            loop {
+                let start = tat.max(clamp);
+                if start > level || level - start < cost {
+                    return Err(Self::refusal(&config, tat, n, now_nanos));
+                }
+                match self.tat.compare_exchange_weak(tat, start + cost, Ordering::Relaxed, Ordering::Relaxed) {
+                    Ok(_) => return Ok(()),
+                    Err(current) if config.owns(current) => tat = current,
+                    // A rate change converted `tat`: start again with the new configuration.
+                    Err(_) => break,
+                }
             }
         }
     }
 
     /// The refusal for an acquire of `n` (`0 < n <= burst`) that does not fit at `now` with state `tat`:
-    /// the exact wait until `L(now + d) >= tat + n`.
-    #[cold]
-    #[inline(never)]
-    fn not_yet(config: &Gcra, tat: u64, n: u64, now: u64) -> AcquireError {
-        match config.wait_until(u128::from(tat) + u128::from(n), now) {
-            Some(retry_after) => AcquireError::NotYet { retry_after },
-            // The level saturates at u64::MAX: the lifetime token count is exhausted.
-            None => AcquireError::NeverFits { requested: n, burst: config.burst },
+    /// the exact wait until `L(now + d) >= tat + n * unit`, or `NeverFits` when that level is never reached
+    /// (more than `2^61` tokens asked of a larger burst, or the configuration's lifetime allowance spent).
+    fn refusal(config: &Gcra, tat: u64, n: u64, now: u64) -> AcquireError {
+        let cost = n * config.unit;
+        let never = AcquireError::NeverFits { requested: n, burst: config.burst };
+        if cost > config.cap {
+            return never;
         }
+        config
+            .wait_until(u128::from(tat) + u128::from(cost), now)
+            .map_or(never, |retry_after| AcquireError::NotYet { retry_after })
     }
 
     /// Tokens that could be taken now, without taking them.
@@ -215,10 +256,10 @@ impl<C: Clock> TokenBucket<C> {
     /// ```
     #[inline]
     pub fn available_at(&self, now_nanos: u64) -> u64 {
-        let config = self.config.read();
+        let (config, tat) = self.config.read_with(&self.tat);
         let level = config.level_at(now_nanos);
-        let start = self.tat.load(Ordering::Relaxed).max(config.clamp(level));
-        level.saturating_sub(start)
+        let start = tat.max(config.clamp(level));
+        level.saturating_sub(start) / config.unit
     }
 
     /// How long until `n` tokens could be taken at `now_nanos` (zero if they could be taken now), without
@@ -243,7 +284,7 @@ impl<C: Clock> TokenBucket<C> {
     /// # Ok::<(), kvgate::ConfigError>(())
     /// ```
     pub fn time_until_available_at(&self, n: u64, now_nanos: u64) -> Result<Duration, AcquireError> {
-        let config = self.config.read();
+        let (config, tat) = self.config.read_with(&self.tat);
         if n > config.burst {
             return Err(AcquireError::NeverFits { requested: n, burst: config.burst });
         }
@@ -251,12 +292,11 @@ impl<C: Clock> TokenBucket<C> {
             return Ok(Duration::ZERO);
         }
         let level = config.level_at(now_nanos);
-        let tat = self.tat.load(Ordering::Relaxed);
         let start = tat.max(config.clamp(level));
-        if start <= level && level - start >= n {
+        if start <= level && level - start >= n * config.unit {
             return Ok(Duration::ZERO);
         }
-        match Self::not_yet(&config, tat, n, now_nanos) {
+        match Self::refusal(&config, tat, n, now_nanos) {
             AcquireError::NotYet { retry_after } => Ok(retry_after),
             never => Err(never),
         }
@@ -301,17 +341,21 @@ impl<C: Clock> TokenBucket<C> {
         if n == 0 {
             return;
         }
-        let config = self.config.read();
-        let clamp = config.clamp(config.level_at(now_nanos));
-        let mut tat = self.tat.load(Ordering::Relaxed);
         loop {
-            let new = tat.saturating_sub(n).max(clamp);
-            if new == tat {
-                return;
-            }
-            match self.tat.compare_exchange_weak(tat, new, Ordering::Relaxed, Ordering::Relaxed) {
-                Ok(_) => return,
-                Err(current) => tat = current,
+            let (config, mut tat) = self.config.read_with(&self.tat);
+            let clamp = config.clamp(config.level_at(now_nanos));
+            let back = n.saturating_mul(config.unit);
+            loop {
+                // The clamp keeps the result in the generation (`clamp >= level0 - cap`, whose value is >= 0).
+                let new = tat.saturating_sub(back).max(clamp);
+                if new == tat {
+                    return;
+                }
+                match self.tat.compare_exchange_weak(tat, new, Ordering::Relaxed, Ordering::Relaxed) {
+                    Ok(_) => return,
+                    Err(current) if config.owns(current) => tat = current,
+                    Err(_) => break,
+                }
             }
         }
     }
@@ -319,9 +363,11 @@ impl<C: Clock> TokenBucket<C> {
     /// Changes the refill rate and the burst at run time, keeping the tokens currently available (capped
     /// at the new burst).
     ///
-    /// From now on the bucket refills at the new rate; progress towards the next whole token (less than
-    /// one token) is discarded. Concurrent acquires and refunds are ordered entirely before or entirely
-    /// after the change; concurrent `set_rate` calls are serialized.
+    /// From now on the bucket refills at the new rate. The tokens held and the progress towards the next
+    /// one are kept, the progress rounded down to the new configuration's unit (under 2 ns of refill at the
+    /// new rate, see the [module documentation](super)), all capped at the new burst. Concurrent acquires
+    /// and refunds are ordered entirely before or entirely after the change; concurrent `set_rate` calls
+    /// are serialized.
     ///
     /// # Errors
     ///
@@ -348,18 +394,19 @@ impl<C: Clock> TokenBucket<C> {
         let now = self.clock.now_nanos();
         let guard = self.config.lock();
         let old = guard.current();
-        let level = old.level_at(now);
-        // Raise a stale `tat` to the old clamp, so that the new burst cannot resurrect tokens the old one
-        // dropped. Invisible to the old configuration at or after `now`.
-        let clamp = old.clamp(level);
+        let next = old.continued(quota, now);
+        // Convert `tat` into the next generation: the linearization point of the change. An acquire or
+        // refund that read the old configuration commits before this CAS, or its own CAS fails on the
+        // flipped generation bit and it starts again with `next`.
         let mut tat = self.tat.load(Ordering::Relaxed);
-        while tat < clamp {
-            match self.tat.compare_exchange_weak(tat, clamp, Ordering::Relaxed, Ordering::Relaxed) {
+        loop {
+            let converted = old.convert(tat, now, &next);
+            match self.tat.compare_exchange_weak(tat, converted, Ordering::Relaxed, Ordering::Relaxed) {
                 Ok(_) => break,
                 Err(current) => tat = current,
             }
         }
-        guard.publish(old.continued(quota, now));
+        guard.publish(next, quota.rate());
         Ok(())
     }
 
@@ -374,10 +421,11 @@ impl<C: Clock> TokenBucket<C> {
     /// # Ok::<(), kvgate::ConfigError>(())
     /// ```
     pub fn rate(&self) -> f64 {
-        self.config.read().rate()
+        self.config.rate()
     }
 
-    /// The capacity: the most tokens the bucket holds, and the largest `n` that can ever be acquired.
+    /// The capacity: the most tokens the bucket holds, and the largest `n` that can ever be acquired (as
+    /// configured; a bucket holds at most 2^61 tokens whatever its burst).
     ///
     /// # Examples
     ///
@@ -407,21 +455,30 @@ impl<C: Clock> TokenBucket<C> {
         &self.clock
     }
 
-    /// The exact refill rate in use, as `mult` with `rate_per_ns = mult / 2^96`
-    /// (`mult = ceil(rate * 2^96 / 10^9)`). For tests that model the bucket exactly; not a stable API.
+    /// The exact refill rate in use, in units per nanosecond: `mult / 2^96`, with
+    /// `mult = ceil(rate * unit * 2^96 / 10^9)` ([`__units_per_token`](Self::__units_per_token) is `unit`).
+    /// For tests that model the bucket exactly; not a stable API.
     #[doc(hidden)]
     pub fn __rate_multiplier(&self) -> u128 {
         self.config.read().mult()
+    }
+
+    /// The unit in use: units per token, `max(1, min(floor(10^9 / rate), floor(2^61 / burst)))`. For tests
+    /// that model the bucket exactly; not a stable API.
+    #[doc(hidden)]
+    pub fn __units_per_token(&self) -> u64 {
+        self.config.read().unit
     }
 }
 
 impl<C: Clock> fmt::Debug for TokenBucket<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let config = self.config.read();
+        let (config, tat) = self.config.read_with(&self.tat);
         f.debug_struct("TokenBucket")
-            .field("rate_per_second", &config.rate())
+            .field("rate_per_second", &self.config.rate())
             .field("burst", &config.burst)
-            .field("tat", &self.tat.load(Ordering::Relaxed))
+            .field("units_per_token", &config.unit)
+            .field("tat", &tat)
             .field("level0", &config.level0)
             .field("base_ns", &config.base_ns)
             .field("clock", &self.clock)
@@ -490,13 +547,24 @@ mod tests {
         assert_eq!(b.available(), 1_000, "a refusal takes nothing");
         b.refund(u64::MAX);
         assert_eq!(b.available(), 1_000);
+        // Documented limit: a bucket holds at most 2^61 tokens, whatever its burst.
         let max = bucket(0.001, u64::MAX);
-        assert_eq!(max.try_acquire(u64::MAX), Ok(()));
-        // Documented limit: at most 2^64 - 1 tokens over the bucket's lifetime, and this one took them all.
-        assert_eq!(max.try_acquire(1).unwrap_err().retry_after(), None);
-        let half = bucket(1e9, 1 << 63);
-        assert_eq!(half.try_acquire(1 << 63), Ok(()));
-        assert_eq!(half.try_acquire(1).unwrap_err().retry_after(), Some(Duration::from_nanos(1)));
+        assert_eq!(max.available(), 1 << 61);
+        assert_eq!(max.try_acquire(u64::MAX), Err(AcquireError::NeverFits { requested: u64::MAX, burst: u64::MAX }));
+        assert_eq!(max.try_acquire((1 << 61) + 1).unwrap_err().retry_after(), None);
+        assert_eq!(max.try_acquire(1 << 61), Ok(()));
+        assert_eq!(max.try_acquire(1).unwrap_err().retry_after(), Some(Duration::from_secs(1_000)));
+        let most = bucket(1e9, 1 << 61);
+        assert_eq!(most.try_acquire(1 << 61), Ok(()));
+        assert_eq!(most.try_acquire(1).unwrap_err().retry_after(), Some(Duration::from_nanos(1)));
+        // The level of one configuration saturates 2^63 - 1 - 2^61 units after it starts (at one unit per
+        // nanosecond here, 219 years): the allowance is spent, and it says so instead of naming a wait.
+        let clock = ManualClock::new();
+        let life = TokenBucket::with_clock(1e9, 1 << 61, clock.clone()).unwrap();
+        clock.set_nanos(u64::MAX);
+        assert_eq!(life.try_acquire(1 << 61), Ok(()));
+        assert_eq!(life.try_acquire(1).unwrap_err().retry_after(), None);
+        assert_eq!(life.available(), 0);
     }
 
     #[test]

@@ -5,15 +5,27 @@
 //!
 //! # The model
 //!
-//! A textbook integer token bucket: `tokens` (whole tokens held, `<= burst`) plus `frac`, the progress
-//! towards the next token as an exact fraction `frac / 2^96`. Advancing by `d` ns adds `d * rate_per_ns`
-//! exactly (rational arithmetic with denominator 2^96, carried across steps), and whole tokens are added
-//! capped at `burst`. A rate change discards `frac` (documented). The bucket's lifetime allowance and its
-//! capacity `min(burst, level)` (documented; they matter only for bursts near 2^64) are tracked as
-//! `level`, which starts at `max(burst, 2^63)` and saturates at `u64::MAX`.
+//! A textbook integer token bucket counted in **units**, `unit` units to a token (the bucket's documented
+//! `max(1, min(floor(10^9 / rate), floor(2^61 / burst)))`, which the harness recomputes from the rate and
+//! the burst and checks): `units` held (at most `cap = min(burst, 2^61) * unit`) plus `frac`, the progress
+//! towards the next **unit** as an exact fraction `frac / 2^96`. Advancing by `d` ns adds
+//! `d * mult / 2^96` units exactly (rational arithmetic with denominator 2^96, carried across steps), and
+//! whole units are added capped at `cap`. So a full bucket keeps less than one unit of progress — under
+//! 2 ns of refill — and never progress towards a token it cannot hold: this is GCRA (governor's "at most
+//! `burst + rate * t` in any window of length `t`") up to that one unit. The model does not build that in
+//! from the bucket's own formulas: [`Harness`] also checks the bound itself, in every window of the run,
+//! at the `f64` rate as given (see [`window_allowance`]).
 //!
-//! The rate is the bucket's **exact effective rate** `mult / 2^96` tokens per ns, read through the
-//! doc-hidden `__rate_multiplier()`, so rates span the whole range 0.001..1e9 (arbitrary `f64`s, not just
+//! A rate change keeps the whole tokens held and the progress towards the next token, the progress
+//! rounded down to the new unit, capped at the new capacity, and restarts the progress towards the next
+//! unit at zero (documented). The level of one configuration (the units it has accrued, from its starting
+//! level) saturates at `2^63 - 1` (documented; the lifetime allowance): tracked as `level`, which starts
+//! at `cap` and, at a rate change, keeps its value if that is at most `2^61` (raised to the new `cap` if
+//! below it) and starts again at the new `cap` otherwise.
+//!
+//! The rate is the bucket's **exact effective rate** `mult / 2^96` units per ns, read through the
+//! doc-hidden `__rate_multiplier()` and checked to be `ceil(rate * unit * 2^96 / 10^9)` for the `f64`
+//! given ([`expected_multiplier`]), so rates span the whole range 0.001..1e9 (arbitrary `f64`s, not just
 //! dyadic ones). The model accumulates step by step with carried fractions, whereas the bucket evaluates
 //! the level in one product from its base time, so the absence of drift is part of what is compared.
 
@@ -22,6 +34,11 @@ use kvgate::clock::{Clock, ManualClock};
 use std::time::Duration;
 
 const MASK96: u128 = (1 << 96) - 1;
+const NANOS_PER_SEC: u128 = 1_000_000_000;
+/// Where a configuration's level saturates: `2^63 - 1` units.
+pub const LEVEL_MAX: u128 = (1 << 63) - 1;
+/// The most units a bucket holds, and the highest level a rate change keeps.
+pub const CAP_MAX: u64 = 1 << 61;
 
 /// Rates worth hitting on purpose: both ends of the accepted range, small integers, a fraction.
 pub const EDGE_RATES: [f64; 10] = [0.001, 0.002, 0.1, 1.0, 3.0, 7.0, 1000.0, 123_456.789, 999_999_999.0, 1e9];
@@ -31,7 +48,29 @@ pub fn valid_rate(rate: f64) -> bool {
     rate.is_finite() && (0.001..=1e9).contains(&rate)
 }
 
-/// `frac + d * mult` split into whole tokens and the new fraction (over 2^96), exactly.
+/// A valid rate as the exact rational `mantissa / 2^shift`.
+fn exact(rate: f64) -> (u128, u32) {
+    let bits = rate.to_bits();
+    let mantissa = u128::from((bits & ((1 << 52) - 1)) | (1 << 52));
+    let shift = 1075 - ((bits >> 52) & 0x7ff) as u32;
+    (mantissa, shift)
+}
+
+/// The documented unit for a valid rate and a non-zero burst:
+/// `max(1, min(floor(10^9 / rate), floor(2^61 / burst)))`, exactly.
+pub fn expected_unit(rate: f64, burst: u64) -> u64 {
+    let (mantissa, shift) = exact(rate);
+    let per_token = u64::try_from((NANOS_PER_SEC << shift) / mantissa).unwrap();
+    per_token.min(CAP_MAX / burst).max(1)
+}
+
+/// The documented multiplier: `ceil(rate * unit * 2^96 / 10^9)`, exactly.
+pub fn expected_multiplier(rate: f64, unit: u64) -> u128 {
+    let (mantissa, shift) = exact(rate);
+    ((mantissa * u128::from(unit)) << (96 - shift)).div_ceil(NANOS_PER_SEC)
+}
+
+/// `frac + d * mult` split into whole units and the new fraction (over 2^96), exactly.
 pub fn accrue(mult: u128, frac: u128, d: u64) -> (u128, u128) {
     let d = u128::from(d);
     let p_hi = d * (mult >> 64); // weight 2^64; <= 2^96
@@ -42,16 +81,39 @@ pub fn accrue(mult: u128, frac: u128, d: u64) -> (u128, u128) {
     (whole, f & MASK96)
 }
 
+/// `floor(a * t / b)` and the remainder, for `a, b < 2^94`, exactly (in 32-bit halves of `t`).
+fn mul_div(a: u128, t: u64, b: u128) -> (u128, u128) {
+    let (hi, lo) = (u128::from(t >> 32), u128::from(t & 0xffff_ffff));
+    let (q1, r1) = ((a * hi) / b, (a * hi) % b);
+    let rest = (r1 << 32) + a * lo; // < 2^126 + 2^126
+    (q1 * (1 << 32) + rest / b, rest % b)
+}
+
+/// The most units a bucket of `rate` (the `f64` as given, exactly), `unit` and capacity `cap` may hand
+/// out, net of what was given back, in a window of `t` ns: `floor(cap + 1 + rate * unit * t / 10^9 +
+/// t / 2^96)`. That is the documented bound, `burst + rate * (t + u)` tokens with `u` one unit's refill
+/// time at the exact rate (`unit` units are a token, so one unit is `1 / unit` of a token), plus the
+/// multiplier's rounding up (less than 2^-96 units per ns, so less than 2^-32 units over the axis).
+pub fn window_allowance(rate: f64, unit: u64, cap: u64, t: u64) -> u128 {
+    let (mantissa, shift) = exact(rate);
+    let (a, b) = (mantissa * u128::from(unit), NANOS_PER_SEC << shift);
+    let (q, r) = mul_div(a, t, b);
+    // The fraction r / b plus t / 2^96 reaches 1 iff t * b / 2^96 >= b - r (b - r an integer).
+    let (t_hi, t_lo) = (u128::from(t >> 32), u128::from(t & 0xffff_ffff));
+    let t_b_96 = (t_hi * b + ((t_lo * b) >> 32)) >> 64;
+    u128::from(cap) + 1 + q + u128::from(t_b_96 >= b - r)
+}
+
 /// What the model says an acquire does.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Expect {
     /// Granted.
     Ok,
-    /// Never fits (more than the burst, or beyond the lifetime allowance).
+    /// Never fits (more than the burst, more than 2^61 tokens, or beyond the lifetime allowance).
     NeverFits,
-    /// Not yet: `need` more whole tokens must accrue.
+    /// Not yet: `need` more whole units must accrue.
     NotYet {
-        /// Tokens missing.
+        /// Units missing.
         need: u128,
     },
 }
@@ -59,34 +121,40 @@ pub enum Expect {
 /// The sequential model (see the module docs).
 #[derive(Debug)]
 pub struct Model {
-    /// Whole tokens held.
-    pub tokens: u128,
-    /// Progress towards the next token, over 2^96.
+    /// Whole units held (`<= cap`).
+    pub units: u128,
+    /// Progress towards the next unit, over 2^96.
     pub frac: u128,
-    /// Initial burst plus every whole token accrued (unsaturated); the bucket's level is min(level, 2^64-1).
+    /// The configuration's starting level plus every whole unit accrued since (unsaturated); the bucket's
+    /// level is `min(level, 2^63 - 1)`.
     pub level: u128,
-    /// The refill rate, `mult / 2^96` tokens per nanosecond.
+    /// The refill rate, `mult / 2^96` units per nanosecond.
     pub mult: u128,
-    /// The capacity.
+    /// Units per token.
+    pub unit: u64,
+    /// The most units held: `min(burst, 2^61) * unit`.
+    pub cap: u64,
+    /// The burst, as configured.
     pub burst: u64,
     /// The model's time, in clock nanoseconds.
     pub now: u64,
 }
 
 impl Model {
-    /// A full bucket of `burst` refilling at `mult / 2^96` tokens per ns, at time `now`.
-    pub fn new(burst: u64, mult: u128, now: u64) -> Self {
-        Self { tokens: u128::from(burst), frac: 0, level: u128::from(burst.max(1 << 63)), mult, burst, now }
+    /// A full bucket of `burst` (`unit` units a token) refilling at `mult / 2^96` units per ns, at `now`.
+    pub fn new(burst: u64, unit: u64, mult: u128, now: u64) -> Self {
+        let cap = burst.min(CAP_MAX) * unit;
+        Self { units: u128::from(cap), frac: 0, level: u128::from(cap), mult, unit, cap, burst, now }
     }
 
     /// The level, saturated as the bucket's is.
     pub fn eff_level(&self) -> u128 {
-        self.level.min(u128::from(u64::MAX))
+        self.level.min(LEVEL_MAX)
     }
 
-    /// The most tokens the bucket can hold now: `min(burst, level)`.
-    pub fn capacity(&self) -> u128 {
-        u128::from(self.burst).min(self.eff_level())
+    /// Whole tokens held.
+    pub fn tokens(&self) -> u128 {
+        self.units / u128::from(self.unit)
     }
 
     /// Moves time to `t` (not earlier than now), accruing exactly.
@@ -96,39 +164,45 @@ impl Model {
         let before = self.eff_level();
         self.level += whole;
         let gained = self.eff_level() - before;
-        self.tokens = (self.tokens + gained).min(self.capacity());
+        self.units = (self.units + gained).min(u128::from(self.cap));
         self.frac = frac;
         self.now = t;
     }
 
     /// Takes `n` tokens if they are there.
     pub fn acquire(&mut self, n: u64) -> Expect {
-        let n128 = u128::from(n);
-        if n > self.burst {
+        let cost = u128::from(n) * u128::from(self.unit);
+        if n > self.burst || cost > u128::from(self.cap) {
             Expect::NeverFits
-        } else if n128 <= self.tokens {
-            self.tokens -= n128;
+        } else if cost <= self.units {
+            self.units -= cost;
             Expect::Ok
-        } else if self.eff_level() - self.tokens + n128 > u128::from(u64::MAX) {
+        } else if self.eff_level() - self.units + cost > LEVEL_MAX {
             Expect::NeverFits // lifetime limit
         } else {
-            Expect::NotYet { need: n128 - self.tokens }
+            Expect::NotYet { need: cost - self.units }
         }
     }
 
-    /// Gives back `n` tokens, capped at the capacity.
-    pub fn refund(&mut self, n: u64) {
-        self.tokens = (self.tokens + u128::from(n)).min(self.capacity());
+    /// Gives back `n` tokens, capped at the capacity; returns the units actually given back.
+    pub fn refund(&mut self, n: u64) -> u128 {
+        let before = self.units;
+        self.units = (self.units + u128::from(n) * u128::from(self.unit)).min(u128::from(self.cap));
+        self.units - before
     }
 
-    /// A rate change: the fraction towards the next token is dropped, the tokens held are capped at the new
-    /// burst, and the level keeps counting from where it is.
-    pub fn set_rate(&mut self, mult: u128, burst: u64) {
-        self.frac = 0;
-        self.level = self.eff_level();
-        self.mult = mult;
-        self.burst = burst;
-        self.tokens = self.tokens.min(self.capacity());
+    /// A rate change: the whole tokens held and the progress towards the next one are kept in the new
+    /// unit (the progress rounded down), capped at the new capacity; the progress towards the next unit
+    /// restarts at zero; the level keeps its value if at most 2^61 (raised to the new capacity), else
+    /// starts again at the new capacity.
+    pub fn set_rate(&mut self, mult: u128, unit: u64, burst: u64) {
+        let (old, new) = (u128::from(self.unit), u128::from(unit));
+        let cap = burst.min(CAP_MAX) * unit;
+        let kept = self.units / old * new + self.units % old * new / old;
+        let level = self.eff_level();
+        self.level = if level <= u128::from(CAP_MAX) { level.max(u128::from(cap)) } else { u128::from(cap) };
+        self.units = kept.min(u128::from(cap));
+        (self.frac, self.mult, self.unit, self.cap, self.burst) = (0, mult, unit, cap, burst);
     }
 }
 
@@ -142,6 +216,13 @@ pub struct Harness {
     pub clock: ManualClock,
     /// What the bucket must do.
     pub model: Model,
+    /// The rate as configured (for the window bound).
+    pub rate: f64,
+    /// The documented unit for that rate and burst (for the window bound; the bucket's must equal it).
+    pub unit: u64,
+    /// Since the last rate change: (time, units granted, or given back as a negative number), in the
+    /// documented unit and in the model's.
+    pub log: Vec<(u64, i128, i128)>,
 }
 
 impl Harness {
@@ -150,13 +231,16 @@ impl Harness {
     ///
     /// # Errors
     ///
-    /// A valid configuration refused, or an invalid one accepted.
+    /// A valid configuration refused, an invalid one accepted, or a unit or multiplier that is not the
+    /// documented one.
     pub fn new(rate: f64, burst: u64, start: u64) -> Result<Option<Self>, String> {
         let clock = ManualClock::starting_at(start);
         match TokenBucket::with_clock(rate, burst, clock.clone()) {
             Ok(bucket) if valid_rate(rate) && burst != 0 => {
-                let model = Model::new(burst, bucket.__rate_multiplier(), start);
-                Ok(Some(Self { bucket, clock, model }))
+                let (unit, mult) = checked_rate(&bucket, rate, burst)?;
+                let model = Model::new(burst, unit, mult, start);
+                let unit = expected_unit(rate, burst);
+                Ok(Some(Self { bucket, clock, model, rate, unit, log: Vec::new() }))
             }
             Ok(_) => Err(format!("invalid configuration accepted: rate {rate}, burst {burst}")),
             Err(_) if !valid_rate(rate) || burst == 0 => Ok(None),
@@ -172,14 +256,17 @@ impl Harness {
 
     /// Acquires `n` now and compares the outcome, the `retry_after` of a refusal included (exactly minimal,
     /// and the bucket agrees at its edge); with `follow_hint`, then moves the clock to that instant and
-    /// acquires again, which must succeed.
+    /// acquires again, which must succeed. Every grant is checked against the window bound.
     ///
     /// # Errors
     ///
-    /// The first difference from the model.
+    /// The first difference from the model, or a window that handed out too much.
     pub fn acquire(&mut self, n: u64, follow_hint: bool) -> Result<(), String> {
         let got = self.bucket.try_acquire(n);
         let expect = self.model.acquire(n);
+        if got.is_ok() {
+            self.granted(n)?;
+        }
         if let Some(at) = self.check_acquire(n, got, &expect)? {
             if follow_hint {
                 self.clock.set_nanos(at);
@@ -190,6 +277,36 @@ impl Harness {
                 if let Err(e) = self.bucket.try_acquire(n) {
                     return Err(format!("acquire of {n} at now + retry_after refused: {e:?}"));
                 }
+                self.granted(n)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Logs a grant of `n` tokens now and checks every window that ends with it: the units handed out,
+    /// net of the units given back, are at most what the rate as given allows with the documented
+    /// tolerance ([`window_allowance`], in the documented unit: it does not take the bucket's word for
+    /// the unit), and at most the implementation's own bound, `cap + ceil(t * mult / 2^96)`.
+    fn granted(&mut self, n: u64) -> Result<(), String> {
+        if n == 0 {
+            return Ok(());
+        }
+        let m = &self.model;
+        self.log.push((m.now, i128::from(n) * i128::from(self.unit), i128::from(n) * i128::from(m.unit)));
+        let cap = self.model.burst.min(CAP_MAX) * self.unit;
+        let (mut net, mut own_net) = (0i128, 0i128);
+        for &(t0, units, own_units) in self.log.iter().rev() {
+            (net, own_net) = (net + units, own_net + own_units);
+            let t = m.now - t0;
+            let allowed = window_allowance(self.rate, self.unit, cap, t);
+            let (whole, frac) = accrue(m.mult, 0, t);
+            let own = u128::from(m.cap) + whole + u128::from(frac != 0);
+            if net > 0 && net as u128 > allowed || own_net > 0 && own_net as u128 > own {
+                return Err(format!(
+                    "{net} units net in a window of {t} ns, over {allowed} (rate {}, unit {}); own bound: {own_net} \
+                     over {own}; {m:?}",
+                    self.rate, self.unit
+                ));
             }
         }
         Ok(())
@@ -244,7 +361,12 @@ impl Harness {
     /// Refunds `n` to both.
     pub fn refund(&mut self, n: u64) {
         self.bucket.refund(n);
-        self.model.refund(n);
+        let back = i128::try_from(self.model.refund(n)).expect("at most 2^61 units");
+        if back != 0 {
+            // In the documented unit, rounded down (exact whenever the bucket's unit is the documented one).
+            let documented = back * i128::from(self.unit) / i128::from(self.model.unit);
+            self.log.push((self.model.now, -documented, -back));
+        }
     }
 
     /// Changes the rate and burst: a valid change must be taken as given, an invalid one refused with
@@ -257,7 +379,9 @@ impl Harness {
         let (old_rate, old_available) = (self.bucket.rate().to_bits(), self.bucket.available());
         match self.bucket.set_rate(rate, burst) {
             Ok(()) if valid_rate(rate) && burst != 0 => {
-                self.model.set_rate(self.bucket.__rate_multiplier(), burst);
+                let (unit, mult) = checked_rate(&self.bucket, rate, burst)?;
+                self.model.set_rate(mult, unit, burst);
+                (self.rate, self.unit, self.log) = (rate, expected_unit(rate, burst), Vec::new());
                 if (self.bucket.rate().to_bits(), self.bucket.burst()) != (rate.to_bits(), burst) {
                     return Err(format!(
                         "set_rate({rate}, {burst}) reads back {} {}",
@@ -292,16 +416,26 @@ impl Harness {
         Ok(())
     }
 
-    /// The bucket's `available()` equals the model's tokens.
+    /// The bucket's `available()` equals the model's whole tokens.
     ///
     /// # Errors
     ///
     /// When it does not.
     pub fn check_available(&self) -> Result<(), String> {
         let available = self.bucket.available();
-        if u128::from(available) != self.model.tokens {
+        if u128::from(available) != self.model.tokens() {
             return Err(format!("available {available}; model {:?}", self.model));
         }
         Ok(())
     }
+}
+
+/// The bucket's unit and multiplier, checked to be the documented functions of `rate` and `burst`.
+fn checked_rate(bucket: &TokenBucket<ManualClock>, rate: f64, burst: u64) -> Result<(u64, u128), String> {
+    let (unit, mult) = (bucket.__units_per_token(), bucket.__rate_multiplier());
+    let expected = expected_unit(rate, burst);
+    if (unit, mult) != (expected, expected_multiplier(rate, expected)) || mult > 1 << 96 {
+        return Err(format!("rate {rate}, burst {burst}: unit {unit}, multiplier {mult}, expected unit {expected}"));
+    }
+    Ok((unit, mult))
 }
