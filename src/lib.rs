@@ -29,8 +29,9 @@ pub mod tower;
 pub use error::ConfigError;
 
 pub use admission::{
-    Admission, AdmissionBuilder, Admit, DEFAULT_DELAY_INTERVAL, DEFAULT_DELAY_TARGET, DEFAULT_EXPECTED_HOLD_TIME, DEFAULT_MAX_TENANTS, DEFAULT_QUEUE_CAPACITY,
-    DEFAULT_TENANT_IDLE_TIMEOUT, Fairness, Limit, Permit, Prefix, PrefixId, Priority, RateLimitStatus, RateStatus,
-    Rejection, RejectionCounts, Request, Reservation, Snapshot, TenantId, TenantLimits, WaitPolicy,
+    Admission, AdmissionBuilder, Admit, DEFAULT_DELAY_INTERVAL, DEFAULT_DELAY_TARGET, DEFAULT_EXPECTED_HOLD_TIME,
+    DEFAULT_MAX_TENANTS, DEFAULT_QUEUE_CAPACITY, DEFAULT_TENANT_IDLE_TIMEOUT, Fairness, Limit, Permit, Prefix,
+    PrefixId, Priority, RateLimitStatus, RateStatus, Rejection, RejectionCounts, Request, Reservation, Snapshot,
+    TenantId, TenantLimits, WaitPolicy,
 };
 pub use queue::BoundedQueue;

@@ -14,8 +14,7 @@ use std::time::Duration;
 fn l4_request(users: u32) -> PlanRequest {
     let gpu_plan = GpuPlan::builder(ModelSpec::preset("llama-3.1-8b").unwrap()).gpu("l4").build().unwrap();
     let engine = EngineConfig::for_plan(&gpu_plan, WeightDtype::Bf16).unwrap();
-    let mut request = PlanRequest::new(gpu_plan, engine, users, Duration::from_secs(2));
-    request
+    PlanRequest::new(gpu_plan, engine, users, Duration::from_secs(2))
 }
 
 #[test]

@@ -50,8 +50,25 @@ pub const DEFAULT_DELAY_TARGET: Duration = Duration::from_millis(500);
 pub const DEFAULT_DELAY_INTERVAL: Duration = Duration::from_secs(1);
 
 /// How the waiting room orders and bounds its waits (set with
-/// [`AdmissionBuilder::wait_policy`](crate::AdmissionBuilder::wait_policy)); see the
-/// [module docs](self) for the rules.
+/// [`AdmissionBuilder::wait_policy`](crate::AdmissionBuilder::wait_policy)).
+///
+/// A queue is good when it absorbs a burst and drains, and bad when it *stands*: every request then waits
+/// about as long as the queue is deep — under sustained overload, until its user has given up. With
+/// [`WaitPolicy::ControlledDelay`] a priority class's queue stands once it has not been empty for
+/// `interval` (waiters parked on their own tenant's limits do not count; they are never shed). While it
+/// stands, in that class:
+/// - the newest waiter of a flow is served first (adaptive LIFO); the order between tenants and between
+///   classes is the fair queue's, as in FIFO mode;
+/// - a new arrival waits at most `target`; older waiters leave at the next expiry, and a full queue's
+///   oldest waiter (of the longest flows, by age) gives its place to a newcomer that still waits after the
+///   enqueue's pass: each resolves [`Rejection::NoCapacity`](crate::Rejection::NoCapacity) with the time to
+///   the next release as its hint, counted in [`Snapshot::shed`](crate::Snapshot::shed);
+/// - a waiter of a flow without a tenant that fits may pass a newer one that does not fit the global
+///   capacity (at most 8 are tried per pass);
+/// - a start prediction counts only the higher classes as ahead of a new request.
+///
+/// Once the class's queue is empty (or holds only parked waiters) it is FIFO with the full wait again.
+/// [`WaitPolicy::Fifo`] keeps FIFO under any load.
 ///
 /// The default is [`WaitPolicy::controlled_delay`]: a 500-ms target and a 1-s interval. The overload lab
 /// (`cargo run --release --example overload`) chose them: an LLM request holds its slot for seconds, so a
