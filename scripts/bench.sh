@@ -12,7 +12,8 @@ rm -rf target/criterion
 for bench in queue bucket admission waiting adaptive policies; do
   cargo bench -p kvgate --bench "$bench" -- --warm-up-time "${WARMUP:-2}" --measurement-time "${MEASURE:-5}"
 done
-# The waiting drain again, its three rows in turns in one process (the ratio of criterion's rows drifts
+# The waiting drain again, its six rows in turns in one process (kvgate under both wait policies, tokio,
+# tokio padded, and the fair tokio scheduler; the ratio of criterion's rows drifts
 # with the machine): prints medians and ratios.
 TURNS=300 cargo bench -p kvgate --bench waiting -- turns
 python3 scripts/bench_report.py target/criterion
