@@ -272,3 +272,100 @@ fn a_full_standing_queue_sheds_nobody_for_a_newcomer_that_does_not_wait() {
     );
     drop((w1, w2, holder));
 }
+
+// A second review of the same round.
+
+/// `fair.rs`, `longest_oldest`, and `room.rs`, `enqueue`: "a full standing queue gives the place of its
+/// oldest waiter (of the longest flows, by age)" — the scan covers parked flows too, so the place is taken
+/// from a waiter parked on its own tenant's cap: it resolves `NoCapacity` (a 503, "the server is
+/// saturated", with the server's estimate) and is counted in `Snapshot::shed`. `wait_policy.rs`:
+/// "Parked waiters are never shed by the policy"; the first review fixed the expiry path
+/// (`a_waiter_parked_on_its_own_tenant_cap_is_not_shed_as_server_overload`), not this one.
+#[test]
+fn a_full_standing_queue_does_not_shed_a_waiter_parked_on_its_own_tenant() {
+    let (clock, builder) = manual();
+    let admission = builder
+        .max_in_flight(2)
+        .queue_capacity(4)
+        .tenant_defaults(TenantLimits::new().max_in_flight(1))
+        .build()
+        .unwrap();
+    let alice = admission.try_admit(&Request::new(1, 0).tenant("alice")).unwrap();
+    let anonymous = admission.try_admit(&Request::new(1, 0)).unwrap(); // the server is full
+    let mut parked: Vec<Admit> = (0..3).map(|_| admission.admit(&Request::new(1, 0).tenant("alice"))).collect();
+    for w in &mut parked {
+        assert!(poll(w).is_pending(), "alice's waiters park on her own cap");
+    }
+    let mut old = admission.admit(&Request::new(1, 0));
+    assert!(poll(&mut old).is_pending());
+    clock.advance(Duration::from_millis(1_100)); // the anonymous queue stands, and the class is full (4 of 4)
+    let mut newcomer = admission.admit(&Request::new(1, 0));
+    assert!(poll(&mut newcomer).is_pending());
+    let shed = admission.snapshot().shed;
+    let outcomes: Vec<_> = parked.iter_mut().map(poll).collect();
+    assert!(
+        outcomes.iter().all(Poll::is_pending),
+        "a waiter parked on alice's own cap was shed as server overload (shed = {shed}): {outcomes:?}"
+    );
+    drop((parked, old, newcomer, alice, anonymous));
+}
+
+/// `room.rs`, `enqueue`: the first review's fix (a class holding only parked waiters is not standing) is
+/// undone by a tenant's *second* parked waiter. Its enqueue joins a flow that is parked already: no pass
+/// runs, and `nonempty_since` — cleared when the first waiter parked — is set again, although the ring is
+/// still empty. From then on the class "stands" on parked waiters alone: two seconds later an anonymous
+/// request that finds the server full is given controlled delay's 500-ms target instead of its full wait,
+/// and is shed (`NoCapacity`) 600 ms after it queued — its own queue formed 600 ms ago, less than the 1-s
+/// interval. With one parked waiter (the first review's test) it keeps waiting. "A waiter held back only
+/// by its own tenant's limits blocks nobody else" (README, mod.rs guarantee 3); `wait_policy.rs`: the
+/// queue is FIFO with the full wait while it "holds only waiters parked on their own tenant's limits".
+#[test]
+fn a_second_parked_waiter_does_not_make_the_server_queue_stand() {
+    fn anonymous_waiter_after_600_ms(alice_waiters: usize) -> Poll<Result<Permit, Rejection>> {
+        let (clock, builder) = manual();
+        let admission = builder.max_in_flight(2).tenant_defaults(TenantLimits::new().max_in_flight(1)).build().unwrap();
+        let mut held = vec![admission.try_admit(&Request::new(1, 0).tenant("alice")).unwrap()];
+        let mut parked: Vec<Admit> =
+            (0..alice_waiters).map(|_| admission.admit(&Request::new(1, 0).tenant("alice"))).collect();
+        for w in &mut parked {
+            assert!(poll(w).is_pending(), "parked on alice's own cap");
+        }
+        clock.advance(Duration::from_secs(2));
+        while let Ok(permit) = admission.try_admit(&Request::new(1, 0)) {
+            held.push(permit);
+        }
+        assert_eq!(admission.snapshot().in_flight, 2, "the server is full");
+        let mut anonymous = admission.admit(&Request::new(1, 0));
+        assert!(poll(&mut anonymous).is_pending());
+        clock.advance(Duration::from_millis(600));
+        admission.expire_waiters();
+        let outcome = poll(&mut anonymous);
+        drop(parked);
+        outcome
+    }
+    assert!(anonymous_waiter_after_600_ms(1).is_pending(), "control: one parked waiter (the first review's fix)");
+    let two = anonymous_waiter_after_600_ms(2);
+    assert!(two.is_pending(), "alice's second parked waiter made the class stand for everyone: {two:?}");
+}
+
+/// `rates.rs`, `Rates::charge`: a request bucket that can never pass again (`AcquireError::NeverFits`: the
+/// configuration's lifetime allowance is spent, `bucket/mod.rs`) is read as `retry_after().unwrap_or(ZERO)`
+/// and becomes a `RateLimited` refusal with a hint of 1 ns — and 1 ns later, and forever. ARCHITECTURE 5:
+/// "`retry_after` is `None` exactly when retrying cannot succeed, otherwise never earlier than every limit
+/// involved allows". The bucket is refused `NeverFits` once one configuration has run for 2^63 ns (a
+/// `ManualClock` moved to its end; a monotonic clock after 219 years).
+#[test]
+fn a_request_rate_that_can_never_pass_again_is_not_a_1_ns_hint() {
+    let clock = ManualClock::new();
+    let admission =
+        Admission::builder().deadline_timer(false).clock(clock.clone()).request_rate(1_000.0, 1).build().unwrap();
+    clock.set_nanos(u64::MAX);
+    let _first = admission.try_admit(&Request::new(1, 0)).unwrap();
+    let refused = admission.try_admit(&Request::new(1, 0));
+    clock.advance(Duration::from_secs(1)); // (a ManualClock at its end stays there)
+    let again = admission.try_admit(&Request::new(1, 0));
+    assert!(
+        !matches!(refused, Err(Rejection::RateLimited { retry_after }) if retry_after < Duration::from_millis(1)),
+        "the request rate can never pass again, yet the refusal is {refused:?}; one second later: {again:?}"
+    );
+}

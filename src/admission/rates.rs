@@ -85,6 +85,10 @@ impl<C: Clock> Rates<C> {
     pub(crate) fn charge(&self, total: u64, now: u64) -> Result<Charge, RateRefusal> {
         if let Some(requests) = &self.requests {
             if let Err(err) = requests.try_acquire_at(1, now) {
+                // The lifetime allowance is spent: it can never pass again (no hint).
+                if let AcquireError::NeverFits { requested, burst } = err {
+                    return Err(RateRefusal::NeverFits { requested, burst });
+                }
                 let token_wait = self.token_wait(total, now);
                 let wait = err.retry_after().unwrap_or(Duration::ZERO).max(token_wait);
                 let mut spacing = spacing(1, requests.rate());

@@ -324,12 +324,14 @@ impl FairQueue {
             .map(|f| (f.len, f.tail.expect("a live flow has waiters")))
     }
 
-    /// Of the flows with the most waiters, the one whose oldest waiter queued first (of equals, the smallest
-    /// key): its length and that waiter. A scan of the flows, run only when a standing class is full.
-    pub(crate) fn longest_oldest(&self, slab: &Slab) -> Option<(usize, u32)> {
+    /// Of the flows not parked (a parked flow waits for its own tenant, not for the server) with the most
+    /// waiters, the one whose oldest waiter queued first (of equals, the smallest key): its length and that
+    /// waiter. A scan of the flows, run only when a standing class is full.
+    pub(crate) fn longest_oldest_eligible(&self, slab: &Slab) -> Option<(usize, u32)> {
         self.flows
             .iter()
             .flatten()
+            .filter(|f| !f.parked)
             .map(|f| (f, f.head.expect("a live flow has waiters")))
             .max_by_key(|(f, head)| (f.len, std::cmp::Reverse((slab.get(*head).queued_at, f.key))))
             .map(|(f, head)| (f.len, head))

@@ -285,7 +285,9 @@ impl Dispatcher {
             room.hold_back(res, class);
         }
         self.count(class, new.tenant.as_deref(), 1, held.kv, deadline);
-        if room.nonempty_since[class].is_none() {
+        // The server's queue is non-empty from now on only if some flow is eligible: a waiter that joined a
+        // parked flow waits for its tenant, not for the server.
+        if room.nonempty_since[class].is_none() && !room.classes[class].ring_is_empty() {
             room.set_since(self, class, Some(now));
         }
         let deadline_added = (deadline != u64::MAX).then(|| room.deadlines.push(deadline, key));
@@ -304,7 +306,7 @@ impl Dispatcher {
         if overfull && self.queued_in(class) > self.queue_capacity {
             // The oldest waiter of the longest flows (by age, not by tenant id) — the one least likely to be
             // served in time — gives its place; it is told when a slot is expected.
-            if let Some((_, victim)) = room.classes[class].longest_oldest(&room.waiters) {
+            if let Some((_, victim)) = room.classes[class].longest_oldest_eligible(&room.waiters) {
                 let retry_after = room.shed_hint(res);
                 res.stats.count_shed(1);
                 if let Some(wake) = room.leave(res, self, victim, WaitState::Shed { retry_after }) {
